@@ -1,0 +1,278 @@
+"""`RoutingTable`: per output-length bucket, the engine config the sweep measured best.
+
+The sweep writes it (:func:`commit`), the Serve app reads it (:func:`load`). It is validated on both
+sides with one pydantic schema, so a table that loads is a table the router can use: buckets have
+unique names and strictly increasing upper bounds, every config is a valid :class:`EngineConfig`.
+
+Writes are atomic (temp file in the same folder + ``os.replace``) and every committed version is
+kept under ``<name>.history/``; an invalid table never replaces a good one.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from orchestrator.config import EngineConfig
+from orchestrator.errors import ConfigError
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "BucketFigures",
+    "BucketRoute",
+    "LoadVariant",
+    "Provenance",
+    "RoutingTable",
+    "RoutingTableError",
+    "commit",
+    "load",
+    "parse",
+]
+
+SCHEMA_VERSION = 1
+
+
+class RoutingTableError(ConfigError):
+    """A routing table is malformed, inconsistent, or could not be written."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BucketFigures(_Model):
+    """What was measured for one config on one bucket's workload (medians unless named)."""
+
+    output_throughput: float = Field(ge=0, description="output tokens/s")
+    request_throughput: float | None = Field(default=None, ge=0)
+    ttft_ms_median: float | None = Field(default=None, ge=0)
+    ttft_ms_p99: float | None = Field(default=None, ge=0)
+    tpot_ms_median: float | None = Field(default=None, ge=0)
+    tpot_ms_p99: float | None = Field(default=None, ge=0)
+    accept_length: float | None = Field(default=None, ge=1)
+    concurrency: int | None = Field(default=None, ge=1)
+    completed: int | None = Field(default=None, ge=0)
+    failed: int | None = Field(default=None, ge=0)
+
+
+class LoadVariant(_Model):
+    """A config for this bucket when the live load is at least ``min_concurrency`` in-flight requests
+    per replica (speculation pays less under heavy batching, so the best config can change)."""
+
+    min_concurrency: int = Field(ge=1)
+    config: dict[str, Any]
+    figures: BucketFigures
+
+    @field_validator("config")
+    @classmethod
+    def _valid_config(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return _validated_config(v)
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig.from_dict(self.config)
+
+
+class BucketRoute(_Model):
+    """One output-length bucket: requests with ``max_tokens <= max_output_len`` (and above the
+    previous bucket's bound) go to ``config``."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    max_output_len: int = Field(ge=1)
+    config: dict[str, Any]
+    figures: BucketFigures
+    baselines: dict[str, BucketFigures] = Field(
+        default_factory=dict, description="e.g. {'mtp_off': ..., 'static': ...} under the same workload"
+    )
+    gains: dict[str, float] = Field(
+        default_factory=dict, description="relative output-throughput gain over each baseline, 0.15 = +15%"
+    )
+    load_variants: tuple[LoadVariant, ...] = ()
+    workload: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("config")
+    @classmethod
+    def _valid_config(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return _validated_config(v)
+
+    @model_validator(mode="after")
+    def _variants_sorted(self) -> BucketRoute:
+        bounds = [v.min_concurrency for v in self.load_variants]
+        if bounds != sorted(set(bounds)):
+            raise ValueError(f"bucket {self.name!r}: load_variants must have strictly increasing min_concurrency")
+        return self
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig.from_dict(self.config)
+
+
+class Provenance(_Model):
+    """Where the measurements came from; a table without it can't be trusted or compared."""
+
+    model: str
+    gpu_type: str
+    gpu_count: int = Field(ge=0)
+    engine_versions: dict[str, str] = Field(default_factory=dict)
+    sweep_id: str
+    created_at: str = Field(description="ISO-8601 UTC")
+    simulated: bool
+    workload: dict[str, Any] = Field(default_factory=dict)
+    objective: str = "output_throughput"
+    constraints: dict[str, float] = Field(default_factory=dict)
+
+
+class RoutingTable(_Model):
+    schema_version: int = SCHEMA_VERSION
+    version: int = Field(default=1, ge=1, description="incremented by every commit to the same path")
+    provenance: Provenance
+    buckets: tuple[BucketRoute, ...] = Field(min_length=1)
+    default_max_tokens: int = Field(
+        default=1024, ge=1, description="bucket key for requests that give no max_tokens"
+    )
+
+    @field_validator("schema_version")
+    @classmethod
+    def _known_schema(cls, v: int) -> int:
+        if v != SCHEMA_VERSION:
+            raise ValueError(f"schema_version {v} is not supported; this build reads {SCHEMA_VERSION}")
+        return v
+
+    @model_validator(mode="after")
+    def _buckets_ordered(self) -> RoutingTable:
+        names = [b.name for b in self.buckets]
+        if len(set(names)) != len(names):
+            raise ValueError(f"bucket names must be unique, got {names}")
+        bounds = [b.max_output_len for b in self.buckets]
+        if any(a >= b for a, b in zip(bounds, bounds[1:])):
+            raise ValueError(f"bucket max_output_len must be strictly increasing, got {bounds}")
+        return self
+
+    # ----- queries (pure) --------------------------------------------------------------------------
+    def bucket_for(self, max_tokens: int | None) -> BucketRoute:
+        """The bucket whose range holds ``max_tokens``; above the last bound, the last bucket."""
+        n = self.default_max_tokens if max_tokens is None else max_tokens
+        for b in self.buckets:
+            if n <= b.max_output_len:
+                return b
+        return self.buckets[-1]
+
+    def bucket(self, name: str) -> BucketRoute:
+        for b in self.buckets:
+            if b.name == name:
+                return b
+        raise KeyError(f"no bucket named {name!r}; buckets: {[b.name for b in self.buckets]}")
+
+    def distinct_configs(self) -> dict[str, EngineConfig]:
+        """Every engine config the table uses (bucket configs and load variants), by key."""
+        out: dict[str, EngineConfig] = {}
+        for b in self.buckets:
+            for cfg in [b.engine_config(), *(v.engine_config() for v in b.load_variants)]:
+                out.setdefault(cfg.key(), cfg)
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=False) + "\n"
+
+
+def _validated_config(v: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        return EngineConfig.from_dict(v).to_dict()
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
+
+
+def parse(data: Mapping[str, Any] | str | bytes) -> RoutingTable:
+    """Validate a routing table from a dict or JSON text; raises :class:`RoutingTableError`."""
+    try:
+        if isinstance(data, (str, bytes)):
+            return RoutingTable.model_validate_json(data)
+        return RoutingTable.model_validate(data)
+    except ValidationError as e:
+        raise RoutingTableError(f"invalid routing table: {e}") from None
+    except (ValueError, TypeError) as e:
+        raise RoutingTableError(f"invalid routing table: {e}") from None
+
+
+def load(path: str | os.PathLike[str]) -> RoutingTable:
+    """Read and validate a routing table file."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise RoutingTableError(f"cannot read routing table {p}: {e}") from None
+    try:
+        return parse(raw)
+    except RoutingTableError as e:
+        raise RoutingTableError(f"{p}: {e}") from None
+
+
+def history_dir(path: str | os.PathLike[str]) -> Path:
+    p = Path(path)
+    return p.with_name(p.name + ".history")
+
+
+def commit(table: RoutingTable | Mapping[str, Any], path: str | os.PathLike[str]) -> RoutingTable:
+    """Validate ``table`` and atomically write it to ``path`` as the next version.
+
+    The version becomes (previous valid version at ``path``) + 1; the new file is also copied to
+    ``<path>.history/v<version>.json``. If validation or any write fails, ``path`` is untouched.
+    """
+    p = Path(path)
+    candidate = table if isinstance(table, RoutingTable) else parse(table)
+    candidate = parse(candidate.model_dump(mode="json"))  # re-validate: model_construct bypasses checks
+    previous_version = 0
+    if p.exists():
+        try:
+            previous_version = load(p).version
+        except RoutingTableError:
+            previous_version = _max_history_version(p)
+    previous_version = max(previous_version, _max_history_version(p))
+    final = candidate.model_copy(update={"version": previous_version + 1})
+    text = final.to_json()
+    parse(text)  # what we write must load
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        hist = history_dir(p)
+        hist.mkdir(parents=True, exist_ok=True)
+        _atomic_write(hist / f"v{final.version}.json", text)
+        _atomic_write(p, text)
+    except OSError as e:
+        raise RoutingTableError(f"could not write routing table {p}: {e}; the previous table is unchanged") from None
+    return final
+
+
+def _max_history_version(p: Path) -> int:
+    hist = history_dir(p)
+    versions = []
+    if hist.is_dir():
+        for f in hist.glob("v*.json"):
+            try:
+                versions.append(int(f.stem[1:]))
+            except ValueError:
+                continue
+    return max(versions, default=0)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def utc_now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
