@@ -1,0 +1,135 @@
+"""``python -m orchestrator.sim``: run the simulated engine (flags as LMDeploy's ``serve api_server``).
+
+Exit codes: 0 clean stop; 1 out of memory at start (real or ``--fault oom-at-start``); 2 bad flags
+or profile; 3 ``--fault crash-at-start``; 137 ``--fault crash-after:S``.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import time
+
+from orchestrator.sim.model import DEFAULT_PROFILE, EngineParams, SimModelError, SimOutOfMemory, load_profile
+
+FAULT_KINDS = ("none", "crash-at-start", "never-ready", "oom-at-start", "crash-after", "hang-after")
+log = logging.getLogger("orchestrator.sim")
+
+
+def _fault(value: str) -> str:
+    kind, sep, arg = value.partition(":")
+    if kind not in FAULT_KINDS:
+        raise argparse.ArgumentTypeError(f"unknown fault {value!r}; allowed: none, crash-at-start, never-ready, "
+                                         "oom-at-start, crash-after:SECONDS, hang-after:SECONDS")
+    if kind in ("crash-after", "hang-after"):
+        try:
+            if float(arg) < 0:
+                raise ValueError
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{kind} needs non-negative simulated seconds, e.g. {kind}:30") from None
+    elif sep:
+        raise argparse.ArgumentTypeError(f"fault {kind!r} takes no argument")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m orchestrator.sim", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--profile", default=DEFAULT_PROFILE, help="profile name (orchestrator/sim/profiles) or JSON path")
+    p.add_argument("--server-name", default="127.0.0.1")
+    p.add_argument("--server-port", type=int, default=23333)
+    p.add_argument("--model-name", default=None, help="served model name (default: the profile name)")
+    p.add_argument("--tp", type=int, default=None, help="GPUs (default: the profile's)")
+    p.add_argument("--cache-max-entry-count", type=float, default=0.8, help="share of free GPU memory for KV cache")
+    p.add_argument("--max-batch-size", type=int, default=None)
+    p.add_argument("--session-len", type=int, default=None)
+    p.add_argument("--max-prefill-token-num", type=int, default=8192)
+    p.add_argument("--speculative-algorithm", default=None, choices=["qwen3_5_mtp"])
+    p.add_argument("--speculative-num-draft-tokens", type=int, default=None)
+    p.add_argument("--time-scale", type=float, default=1.0, help="simulated seconds per wall second")
+    p.add_argument("--fault", type=_fault, default="none")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--startup-delay", type=float, default=0.0, help="simulated seconds before serving")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stdout,
+                        format="%(asctime)s %(levelname)s sim: %(message)s")
+    if args.time_scale <= 0:
+        log.error("--time-scale must be > 0, got %s", args.time_scale)
+        return 2
+    fault = args.fault
+    log.info("simulated engine starting (NOT a GPU): profile=%s fault=%s time_scale=%g", args.profile, fault,
+             args.time_scale)
+    if fault == "crash-at-start":
+        log.error("simulated fault crash-at-start: exiting with code 3 before serving")
+        return 3
+    if fault == "oom-at-start":
+        log.error("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB (simulated fault "
+                  "oom-at-start)")
+        return 1
+    if args.speculative_algorithm and not args.speculative_num_draft_tokens:
+        log.error("--speculative-algorithm needs --speculative-num-draft-tokens N (N >= 1)")
+        return 2
+    n_draft = (args.speculative_num_draft_tokens or 0) if args.speculative_algorithm else 0
+    try:
+        profile = load_profile(args.profile)
+        params = EngineParams(tp=args.tp or profile.num_gpus, num_draft_tokens=n_draft,
+                              memory_fraction=args.cache_max_entry_count, max_batch_size=args.max_batch_size,
+                              session_len=args.session_len, max_prefill_tokens=args.max_prefill_token_num)
+        from orchestrator.sim.server import SimEngine  # aiohttp import only when serving
+
+        asyncio.set_event_loop(loop := asyncio.new_event_loop())
+        engine = SimEngine(profile, params, time_scale=args.time_scale, seed=args.seed, model_name=args.model_name)
+    except SimOutOfMemory as exc:
+        log.error("torch.OutOfMemoryError: %s", exc)
+        return 1
+    except SimModelError as exc:
+        log.error("%s", exc)
+        return 2
+    log.info("engine: %s", engine.model.describe())
+    if fault == "never-ready":
+        log.warning("simulated fault never-ready: process stays alive and never serves")
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        while True:
+            time.sleep(3600)
+    if args.startup_delay > 0:
+        time.sleep(args.startup_delay / args.time_scale)
+    return loop.run_until_complete(_serve(engine, args.server_name, args.server_port, fault))
+
+
+async def _serve(engine, host: str, port: int, fault: str) -> int:  # noqa: ANN001
+    from aiohttp import web
+
+    from orchestrator.sim.server import build_app, fault_task
+
+    runner = web.AppRunner(build_app(engine), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except OSError as exc:
+        log.error("cannot bind %s:%s: %s; pick a free --server-port", host, port, exc)
+        await runner.cleanup()
+        return 2
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    task = fault_task(engine, fault)
+    if task is not None:
+        loop.create_task(task)
+    log.info("serving the simulated engine on http://%s:%s (model %r)", host, port, engine.model_name)
+    await stop.wait()
+    log.info("stopping")
+    await runner.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,419 @@
+"""The simulator's performance and acceptance model: PURE (no I/O except reading a profile JSON).
+
+Why a model rather than a replay table: the tuner searches draft counts, memory fractions and batch
+sizes that nobody measured, so the simulator must *extrapolate plausibly* while reproducing the one
+published table exactly enough (MTP on/off ratio within ±10%, accept length within ±0.15 per bucket).
+
+Step-time model (one engine iteration, seconds)::
+
+    decode(n seqs, total context C, N drafts) =
+        (weight bytes read + KV bytes read) / (tp * HBM bandwidth * eff_bw)       # memory-bound part
+      + tokens * 2 * active_params / (tp * FLOP/s * eff_flops)                    # per-token compute
+      + attention FLOPs over the context / same                                   # grows with context
+      + fixed overhead
+      + N * (one MTP-layer draft step: its weights + its KV, one token per sequence) + overheads
+
+MoE is explicit: dense (attention, shared expert, embeddings) weights are read every step; routed
+expert weights are read only for experts that some token in the step touches. With ``t`` tokens
+routed independently over ``E`` experts, top-``k`` each, the touched share is
+``1 - (1 - k/E) ** (t * routing_spread)`` (``routing_spread`` < 1: real routing is correlated).
+Speculative verification runs ``N + 1`` positions per sequence; positions of one sequence route
+alike, so they count as ``1 + N * verify_route_novelty`` independent tokens. That is why MTP's
+verification costs more than "free compute" on a MoE model: it touches more experts.
+
+Acceptance model: the draft at depth ``k`` (1-based) is accepted with conditional probability
+``sigmoid(logit(p0) + log_slope * ln(1 + pos / pos_scale) - temperature_slope * T - depth_penalty * (k - 1))``
+-- logistic in log-position: it rises with output position (long outputs settle into predictable
+text, as the published accept lengths 2.97 @1024 ... 3.63 @16000 show), falls with temperature and
+with draft depth -- and only if drafts ``1..k-1`` were accepted (chain).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "PROFILES_DIR",
+    "DEFAULT_PROFILE",
+    "Profile",
+    "EngineParams",
+    "PerformanceModel",
+    "SimModelError",
+    "load_profile",
+    "list_profiles",
+    "emission_schedule",
+    "expected_accept_length",
+    "simulate_workload",
+    "SimSummary",
+]
+
+PROFILES_DIR = Path(__file__).with_name("profiles")
+DEFAULT_PROFILE = "intern-s2-preview-8xh200"
+_PROFILE_SECTIONS = ("architecture", "mtp", "hardware", "fitted", "acceptance")
+_POS_BIN = 16  # acceptance tables are tabulated every 16 output positions (smooth in position)
+
+
+class SimModelError(ValueError):
+    """A profile or engine parameter is invalid; the message says which and what is allowed."""
+
+
+class SimOutOfMemory(SimModelError):
+    """The engine would run out of GPU memory at start (the message reads like the real engine's)."""
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity: profiles key lru caches
+class Profile:
+    """One model on one GPU type: architecture, hardware and the fitted constants.
+
+    Loaded from ``profiles/<name>.json``; every field is documented in that file's ``fields`` notes.
+    """
+
+    name: str
+    notes: str
+    calibrated: bool
+    # architecture
+    dense_params_b: float
+    expert_params_b: float
+    num_experts: int
+    experts_per_token: int
+    weight_bytes_per_param: float
+    kv_bytes_per_token: float
+    state_bytes_per_seq: float
+    attn_flops_per_token_ctx: float
+    max_context: int
+    default_session_len: int
+    # MTP draft layer
+    mtp_dense_params_b: float
+    mtp_expert_params_b: float
+    mtp_kv_bytes_per_token: float
+    mtp_memory_overhead_gb: float
+    # hardware (per GPU)
+    num_gpus: int
+    gpu_memory_gb: float
+    reserved_memory_gb: float
+    hbm_tbps: float
+    tflops: float
+    # fitted efficiencies and overheads
+    eff_bandwidth: float
+    eff_decode_flops: float
+    eff_prefill_flops: float
+    routing_spread: float
+    verify_route_novelty: float
+    decode_overhead_ms: float
+    prefill_overhead_ms: float
+    draft_overhead_ms: float
+    mtp_verify_overhead_ms: float
+    mtp_prefill_overhead_ms: float
+    # acceptance
+    accept_p0: float
+    accept_log_slope: float
+    accept_pos_scale: float
+    accept_depth_penalty: float
+    accept_temperature_slope: float
+    eos_prob_per_token: float
+    # limits
+    safe_max_memory_fraction: float
+    safe_max_memory_fraction_mtp: float
+    default_max_batch_size: int
+    block_size: int = 64
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def total_params_b(self) -> float:
+        return self.dense_params_b + self.expert_params_b
+
+    @property
+    def active_params_b(self) -> float:
+        return self.dense_params_b + self.expert_params_b * self.experts_per_token / self.num_experts
+
+    @property
+    def mtp_active_params_b(self) -> float:
+        return self.mtp_dense_params_b + self.mtp_expert_params_b * self.experts_per_token / self.num_experts
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Profile:
+        flat: dict[str, Any] = {}
+        for section, value in data.items():
+            if isinstance(value, dict) and section in _PROFILE_SECTIONS:
+                flat.update(value)
+            else:
+                flat[section] = value
+        known = {f.name for f in fields(cls)}
+        extra = {k: v for k, v in flat.items() if k not in known}
+        # keys that only document (e.g. "fields", "published") are kept aside, never silently used
+        kwargs = {k: v for k, v in flat.items() if k in known}
+        missing = sorted(f.name for f in fields(cls)
+                         if f.name not in kwargs and f.default is MISSING and f.default_factory is MISSING)
+        if missing:
+            raise SimModelError(f"profile {flat.get('name', '?')!r} lacks field(s) {missing}")
+        kwargs["extra"] = extra
+        return cls(**kwargs)
+
+    def replace(self, **changes: Any) -> Profile:
+        return dataclasses.replace(self, **changes)
+
+
+def list_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
+
+
+@functools.lru_cache(maxsize=32)
+def load_profile(name_or_path: str = DEFAULT_PROFILE) -> Profile:
+    """A profile by shipped name (``intern-s2-preview-8xh200``) or by path to a JSON file."""
+    path = Path(name_or_path)
+    if not (path.suffix == ".json" and path.exists()):
+        path = PROFILES_DIR / f"{name_or_path}.json"
+    if not path.exists():
+        raise SimModelError(
+            f"simulator profile {name_or_path!r} not found; shipped profiles: {list_profiles()} "
+            f"(or pass a path to a profile JSON file)"
+        )
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise SimModelError(f"profile {path} is not valid JSON: {exc}") from None
+    return Profile.from_dict(data)
+
+
+@dataclass(frozen=True)
+class EngineParams:
+    """The engine knobs the simulator honours (same meaning as LMDeploy's flags)."""
+
+    tp: int = 8
+    num_draft_tokens: int = 0
+    memory_fraction: float = 0.8
+    max_batch_size: int | None = None
+    session_len: int | None = None
+    max_prefill_tokens: int = 8192
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.tp, int) and self.tp >= 1):
+            raise SimModelError(f"tp={self.tp!r}; allowed: integer >= 1")
+        if not (isinstance(self.num_draft_tokens, int) and 0 <= self.num_draft_tokens <= 8):
+            raise SimModelError(f"num_draft_tokens={self.num_draft_tokens!r}; allowed: 0..8")
+        if not (0.0 < float(self.memory_fraction) <= 0.99):
+            raise SimModelError(f"memory_fraction={self.memory_fraction!r}; allowed: (0, 0.99]")
+        if self.max_batch_size is not None and self.max_batch_size < 1:
+            raise SimModelError(f"max_batch_size={self.max_batch_size!r}; allowed: >= 1")
+        if self.session_len is not None and self.session_len < 16:
+            raise SimModelError(f"session_len={self.session_len!r}; allowed: >= 16")
+        if self.max_prefill_tokens < 16:
+            raise SimModelError(f"max_prefill_tokens={self.max_prefill_tokens!r}; allowed: >= 16")
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def _logit(p: float) -> float:
+    p = min(max(p, 1e-6), 1 - 1e-6)
+    return math.log(p / (1 - p))
+
+
+@functools.lru_cache(maxsize=64)
+def _accept_table(profile: Profile, num_draft_tokens: int, temperature: float) -> tuple[tuple[float, ...], ...]:
+    """``table[pos // 16][k-1]`` = P(drafts 1..k all accepted) at that output position."""
+    rows = []
+    n_bins = min(profile.max_context, 65536) // _POS_BIN + 2  # saturated well before 64k
+    for b in range(n_bins):
+        pos = b * _POS_BIN + _POS_BIN / 2
+        base = (_logit(profile.accept_p0) + profile.accept_log_slope * math.log1p(pos / profile.accept_pos_scale)
+                - profile.accept_temperature_slope * temperature)
+        cum, row = 1.0, []
+        for k in range(num_draft_tokens):
+            cum *= _sigmoid(base - profile.accept_depth_penalty * k)
+            row.append(cum)
+        rows.append(tuple(row))
+    return tuple(rows)
+
+
+def emission_schedule(profile: Profile, num_draft_tokens: int, temperature: float, num_tokens: int, rng: Any) -> list[int]:
+    """Tokens emitted by each decode step of one sequence after its first (prefill) token.
+
+    ``sum(result) == num_tokens - 1``; each entry is ``1 + accepted drafts`` (capped at the end so the
+    sequence never exceeds ``num_tokens``). Acceptance depends only on the sequence's own position and
+    temperature, so the schedule is drawn once per request from its own seeded ``rng`` (numpy Generator).
+    """
+    remaining = num_tokens - 1
+    if remaining <= 0:
+        return []
+    if num_draft_tokens == 0:
+        return [1] * remaining
+    table = _accept_table(profile, num_draft_tokens, round(float(temperature), 3))
+    last = len(table) - 1
+    draws = rng.random(remaining).tolist()
+    out: list[int] = []
+    pos, j = 1, 0
+    while remaining > 0:
+        row = table[min(pos // _POS_BIN, last)]
+        v = draws[j]
+        j += 1
+        a = 0
+        for c in row:
+            if v < c:
+                a += 1
+            else:
+                break
+        e = a + 1 if a + 1 < remaining else remaining
+        out.append(e)
+        remaining -= e
+        pos += e
+    return out
+
+
+def expected_accept_length(profile: Profile, num_draft_tokens: int, temperature: float, output_len: int,
+                           range_ratio: float = 0.5) -> float:
+    """Analytic accept length (1 + accepted/drafts) for the random dataset's output-length bucket.
+
+    Steps are spent at position ``pos`` at rate ``1 / (1 + a(pos))``, so the accept length is the
+    harmonic mean of ``1 + a(pos)`` over positions, weighted by how many requests reach ``pos``.
+    Used to fit the acceptance constants quickly; the simulator samples instead.
+    """
+    if num_draft_tokens == 0:
+        return 1.0
+    table = _accept_table(profile, num_draft_tokens, round(float(temperature), 3))
+    lo = max(int(output_len * range_ratio), 1)
+    tokens = steps = 0.0
+    for b in range(0, output_len // _POS_BIN + 1):
+        pos = b * _POS_BIN + _POS_BIN / 2
+        reach = min(1.0, max(0.0, (output_len - pos) / max(output_len - lo, 1)))
+        if reach <= 0:
+            break
+        a = sum(table[min(b, len(table) - 1)])
+        tokens += reach
+        steps += reach / (1 + a)
+    return tokens / steps if steps else 1.0
+
+
+class PerformanceModel:
+    """Step times and memory capacity of one engine (a profile with engine parameters)."""
+
+    def __init__(self, profile: Profile, params: EngineParams) -> None:
+        self.profile = profile
+        self.params = params
+        pr = profile
+        self.n_draft = params.num_draft_tokens
+        self.bandwidth = params.tp * pr.hbm_tbps * 1e12 * pr.eff_bandwidth
+        self.decode_flops = params.tp * pr.tflops * 1e12 * pr.eff_decode_flops
+        self.prefill_flops = params.tp * pr.tflops * 1e12 * pr.eff_prefill_flops
+        self.bpp = pr.weight_bytes_per_param
+        self.route_miss = 1.0 - pr.experts_per_token / pr.num_experts
+        self.max_batch_size = params.max_batch_size or pr.default_max_batch_size
+        self.kv_bytes_per_token = pr.kv_bytes_per_token + (pr.mtp_kv_bytes_per_token if self.n_draft else 0.0)
+        self.session_len = params.session_len or min(pr.default_session_len, pr.max_context)
+        self.kv_capacity_tokens = self._kv_capacity()  # raises SimOutOfMemory
+
+    # ----- memory ---------------------------------------------------------------------------------
+    def memory_report(self) -> dict[str, float]:
+        pr, p = self.profile, self.params
+        total = p.tp * pr.gpu_memory_gb * 1e9
+        weights = pr.total_params_b * 1e9 * self.bpp
+        mtp = (pr.mtp_dense_params_b + pr.mtp_expert_params_b) * 1e9 * self.bpp + pr.mtp_memory_overhead_gb * 1e9 * p.tp if self.n_draft else 0.0
+        reserved = p.tp * pr.reserved_memory_gb * 1e9
+        states = self.max_batch_size * pr.state_bytes_per_seq
+        free = total - weights - mtp - reserved - states
+        return {"total_bytes": total, "weight_bytes": weights, "mtp_bytes": mtp, "reserved_bytes": reserved,
+                "state_bytes": states, "free_bytes": free}
+
+    def _kv_capacity(self) -> int:
+        pr, p = self.profile, self.params
+        safe = pr.safe_max_memory_fraction_mtp if self.n_draft else pr.safe_max_memory_fraction
+        mem = self.memory_report()
+        per_gpu_weights = (mem["weight_bytes"] + mem["mtp_bytes"]) / p.tp / 1e9
+        if mem["free_bytes"] <= 0:
+            raise SimOutOfMemory(
+                f"CUDA out of memory: weights need {per_gpu_weights:.1f} GB per GPU on {p.tp} GPU(s) of "
+                f"{pr.gpu_memory_gb:.0f} GB (+{pr.reserved_memory_gb:.0f} GB reserved, {self.max_batch_size} "
+                f"sequence states); use more GPUs (--tp) or a smaller --max-batch-size"
+            )
+        if p.memory_fraction > safe:
+            raise SimOutOfMemory(
+                f"CUDA out of memory: --cache-max-entry-count {p.memory_fraction:g} leaves too little memory for "
+                f"activations{' and MTP draft buffers' if self.n_draft else ''} (profile's safe max is {safe:g}); "
+                f"lower --cache-max-entry-count"
+            )
+        capacity = int(mem["free_bytes"] * p.memory_fraction / self.kv_bytes_per_token)
+        capacity -= capacity % pr.block_size
+        if capacity < self.session_len:
+            raise SimOutOfMemory(
+                f"CUDA out of memory: KV cache holds {capacity} tokens at --cache-max-entry-count "
+                f"{p.memory_fraction:g}, less than one sequence of --session-len {self.session_len}; raise "
+                f"--cache-max-entry-count or lower --session-len"
+            )
+        return capacity
+
+    # ----- step times (seconds) ---------------------------------------------------------------
+    def _coverage(self, independent_tokens: float) -> float:
+        return 1.0 - self.route_miss ** (independent_tokens * self.profile.routing_spread)
+
+    def decode_time(self, num_seqs: int, total_context: int) -> float:
+        """One decode (or verify) step of ``num_seqs`` sequences holding ``total_context`` KV tokens."""
+        if num_seqs == 0:
+            return 0.0
+        pr, n = self.profile, self.n_draft
+        tokens = num_seqs * (n + 1)
+        routed = num_seqs * (1 + n * pr.verify_route_novelty)
+        weight_bytes = (pr.dense_params_b + pr.expert_params_b * self._coverage(routed)) * 1e9 * self.bpp
+        kv_bytes = pr.kv_bytes_per_token * total_context + pr.state_bytes_per_seq * num_seqs
+        flops = tokens * 2 * pr.active_params_b * 1e9 + pr.attn_flops_per_token_ctx * (n + 1) * total_context
+        t = (weight_bytes + kv_bytes) / self.bandwidth + flops / self.decode_flops + pr.decode_overhead_ms / 1e3
+        if n:
+            t += pr.mtp_verify_overhead_ms / 1e3 + n * self.draft_step_time(num_seqs, total_context)
+        return t
+
+    def draft_step_time(self, num_seqs: int, total_context: int) -> float:
+        """One autoregressive step of the MTP draft layer (one token per sequence)."""
+        pr = self.profile
+        weight_bytes = (pr.mtp_dense_params_b + pr.mtp_expert_params_b * self._coverage(num_seqs)) * 1e9 * self.bpp
+        kv_bytes = pr.mtp_kv_bytes_per_token * total_context
+        flops = num_seqs * 2 * pr.mtp_active_params_b * 1e9
+        return (weight_bytes + kv_bytes) / self.bandwidth + flops / self.decode_flops + pr.draft_overhead_ms / 1e3
+
+    def prefill_time(self, num_tokens: int, attention_work: float) -> float:
+        """A prefill iteration of ``num_tokens`` prompt tokens; ``attention_work`` = sum of token*context."""
+        if num_tokens == 0:
+            return 0.0
+        pr = self.profile
+        weight_bytes = (pr.dense_params_b + pr.expert_params_b * self._coverage(num_tokens)) * 1e9 * self.bpp
+        flops = num_tokens * 2 * pr.active_params_b * 1e9 + pr.attn_flops_per_token_ctx * attention_work
+        t = weight_bytes / self.bandwidth + flops / self.prefill_flops + pr.prefill_overhead_ms / 1e3
+        if self.n_draft:
+            mtp_bytes = (pr.mtp_dense_params_b + pr.mtp_expert_params_b * self._coverage(num_tokens)) * 1e9 * self.bpp
+            t += mtp_bytes / self.bandwidth + num_tokens * 2 * pr.mtp_active_params_b * 1e9 / self.prefill_flops
+            t += pr.mtp_prefill_overhead_ms / 1e3
+        return t
+
+    def blocks_for(self, num_tokens: int) -> int:
+        bs = self.profile.block_size
+        return -(-num_tokens // bs)
+
+    def describe(self) -> dict[str, Any]:
+        mem = self.memory_report()
+        return {
+            "kv_capacity_tokens": self.kv_capacity_tokens,
+            "max_batch_size": self.max_batch_size,
+            "session_len": self.session_len,
+            "num_draft_tokens": self.n_draft,
+            "memory_gb": {k.removesuffix("_bytes"): round(v / 1e9, 2) for k, v in mem.items()},
+            "decode_step_ms_bs64_ctx2k": round(self.decode_time(64, 64 * 2048) * 1e3, 3),
+        }
+
+
+def simulate_workload(*args: Any, **kwargs: Any) -> SimSummary:
+    """See :func:`orchestrator.sim.scheduler.simulate_workload` (re-exported here for the contract)."""
+    from orchestrator.sim.scheduler import simulate_workload as _impl
+
+    return _impl(*args, **kwargs)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SimSummary":
+        from orchestrator.sim.scheduler import SimSummary
+
+        return SimSummary
+    raise AttributeError(name)

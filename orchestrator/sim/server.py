@@ -1,0 +1,433 @@
+"""OpenAI-compatible HTTP front of the simulated engine (aiohttp), driving the shared scheduler.
+
+The engine loop runs :class:`~orchestrator.sim.scheduler.Scheduler` against a *scaled wall clock*:
+simulated time is ``(monotonic() - start) * time_scale``; each iteration's end is slept to at its
+absolute deadline, so event-loop overhead is absorbed until it exceeds the iteration's wall budget
+(see the README for the measured limit). Tokens of one iteration go out as one SSE event per sequence,
+so under MTP an event carries ``1 + accepted`` tokens, as with real speculative engines.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import time
+import uuid
+from dataclasses import asdict
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from orchestrator.sim import tokenizer
+from orchestrator.sim.model import EngineParams, PerformanceModel, Profile
+from orchestrator.sim.scheduler import Scheduler, SimRequest, make_request
+
+__all__ = ["SimEngine", "build_app", "OpenAIError"]
+
+log = logging.getLogger("orchestrator.sim")
+SIM_HEADER = "x-simulated-engine"
+
+
+class OpenAIError(Exception):
+    """A request error rendered as OpenAI's ``{"error": {...}}`` JSON with an HTTP status."""
+
+    def __init__(self, message: str, *, status: int = 400, param: str | None = None,
+                 type_: str = "invalid_request_error", code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.param, self.type, self.code = status, param, type_, code
+
+    def response(self) -> web.Response:
+        body = {"error": {"message": str(self), "type": self.type, "param": self.param, "code": self.code}}
+        return web.json_response(body, status=self.status)
+
+
+DELIVERY_QUANTUM_S = 0.005
+"""Wall seconds the engine loop runs ahead before it sleeps and delivers (see ``SimEngine._run``)."""
+
+
+class SimEngine:
+    """Owns the scheduler, the scaled clock, the engine loop and the counters /metrics reports."""
+
+    def __init__(self, profile: Profile, params: EngineParams, *, time_scale: float = 1.0, seed: int = 0,
+                 model_name: str | None = None) -> None:
+        self.profile = profile
+        self.params = params
+        self.model = PerformanceModel(profile, params)  # raises SimOutOfMemory
+        self.scheduler = Scheduler(self.model)
+        self.time_scale = float(time_scale)
+        self.seed = seed
+        self.model_name = model_name or profile.name
+        self._wall0 = time.monotonic()
+        self.epoch0 = time.time()  # simulated timestamps are epoch0 + simulated seconds
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._request_counter = 0
+        self.hung = False
+        self.counters = dict(drafts=0, draft_tokens=0, accepted=0, generation_tokens=0, prompt_tokens=0,
+                             requests=0, steps=0, late_steps=0)
+        self.lateness_s = 0.0  # simulated seconds the loop fell behind its deadlines (overhead distortion)
+
+    # ----- clock -------------------------------------------------------------------------------
+    def now(self) -> float:
+        """Simulated seconds since the engine started."""
+        return (time.monotonic() - self._wall0) * self.time_scale
+
+    def sim_timestamp(self) -> float:
+        return self.epoch0 + self.now()
+
+    async def sleep_sim(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds) / self.time_scale)
+
+    # ----- engine loop -------------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="sim-engine-loop")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+
+    async def _run(self) -> None:
+        """Run scheduler iterations on the scaled wall clock.
+
+        Iterations are computed back to back and *delivered* in batches: the loop only sleeps once it
+        is at least ``DELIVERY_QUANTUM_S`` (wall) ahead of the clock, then hands every sequence the
+        tokens of all iterations that ended meanwhile, each stamped with its simulated end time.
+        Tokens are never delivered before their simulated time; they may arrive up to one quantum
+        late, which is why clients read the stamps (``sim.token_times``) rather than their own wall
+        clock. This keeps the event count per second bounded at any time scale (one event per
+        sequence per quantum), which is what limited the time scale on 2 cores.
+        """
+        sched = self.scheduler
+        c = self.counters
+        cursor: float | None = None  # simulated end of the previous iteration while busy
+        pending: dict[SimRequest, list[tuple[float, int]]] = {}
+        finished: set[SimRequest] = set()
+
+        def flush() -> None:
+            for req, stamps in pending.items():
+                req.payload.put_nowait((sum(n for _, n in stamps), req in finished, stamps))
+            pending.clear()
+            finished.clear()
+
+        while True:
+            if not sched.has_work() or self.hung:
+                flush()
+                self._wake.clear()
+                await self._wake.wait()
+                cursor = None
+                continue
+            # Back-to-back iterations start at the previous one's *modelled* end, not at "now": the
+            # time spent delivering tokens to handlers must not stretch simulated time.
+            start = self.now() if cursor is None else cursor
+            res = sched.step(start)
+            end = start + res.duration
+            cursor = end
+            c["steps"] += 1
+            c["drafts"] += res.drafts
+            c["draft_tokens"] += res.draft_tokens
+            c["accepted"] += res.accepted_tokens
+            for req, n, done in res.emissions:
+                c["generation_tokens"] += n
+                pending.setdefault(req, []).append((round(end, 6), n))
+                if done:
+                    finished.add(req)
+            ahead = (end - self.now()) / self.time_scale
+            if ahead >= DELIVERY_QUANTUM_S or (ahead > 0 and not sched.has_work()):
+                await asyncio.sleep(ahead)
+                flush()
+            elif ahead <= 0:
+                c["late_steps"] += 1
+                self.lateness_s += -ahead * self.time_scale
+                flush()
+                await asyncio.sleep(0)  # let handlers run even when behind
+
+    # ----- requests ----------------------------------------------------------------------------
+    def submit(self, prompt_tokens: int, max_tokens: int, *, temperature: float, ignore_eos: bool,
+               seed: int | None) -> SimRequest:
+        self._request_counter += 1
+        rid = uuid.uuid4().hex[:16]
+        req_seed = seed if seed is not None else (self.seed * 1_000_003 + self._request_counter)
+        req = make_request(self.model, rid, prompt_tokens, max_tokens, temperature=temperature,
+                           ignore_eos=ignore_eos, seed=req_seed, arrival_time=self.now())
+        req.payload = asyncio.Queue()
+        self.scheduler.add(req)
+        self.counters["requests"] += 1
+        self.counters["prompt_tokens"] += req.prompt_tokens
+        self._wake.set()
+        return req
+
+    def cancel(self, req: SimRequest) -> None:
+        self.scheduler.cancel(req)
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "simulated": True,
+            "profile": self.profile.name,
+            "profile_calibrated": self.profile.calibrated,
+            "profile_notes": self.profile.notes,
+            "model_name": self.model_name,
+            "time_scale": self.time_scale,
+            "config": asdict(self.params),
+            "engine": self.model.describe(),
+            "simulated_time_s": round(self.now(), 6),
+            "simulated_timestamp": self.sim_timestamp(),
+            "counters": dict(self.counters),
+            "lateness_s": round(self.lateness_s, 6),
+            "num_requests_running": self.scheduler.num_running,
+            "num_requests_waiting": self.scheduler.num_waiting,
+        }
+
+
+class _MetricsCollector:
+    """Exact LMDeploy metric names (with ':'), which prometheus_client's Counter API can't spell."""
+
+    def __init__(self, engine: SimEngine) -> None:
+        self.engine = engine
+
+    def collect(self):  # noqa: ANN201 (prometheus_client protocol)
+        e, c = self.engine, self.engine.counters
+        yield CounterMetricFamily("lmdeploy:spec_decode_num_drafts", "Number of sequence-steps that drafted tokens.",
+                                  value=c["drafts"])
+        yield CounterMetricFamily("lmdeploy:spec_decode_num_draft_tokens", "Number of draft tokens proposed.",
+                                  value=c["draft_tokens"])
+        yield CounterMetricFamily("lmdeploy:spec_decode_num_accepted_tokens", "Number of draft tokens accepted.",
+                                  value=c["accepted"])
+        yield GaugeMetricFamily("lmdeploy:num_requests_running", "Requests being prefilled or decoded.",
+                                value=e.scheduler.num_running)
+        yield GaugeMetricFamily("lmdeploy:num_requests_waiting", "Requests waiting for admission.",
+                                value=e.scheduler.num_waiting)
+        yield GaugeMetricFamily("sim_time_scale", "Simulated seconds per wall second.", value=e.time_scale)
+        yield GaugeMetricFamily("sim_simulated_time_seconds", "Simulated seconds since start.", value=e.now())
+        yield CounterMetricFamily("sim_generation_tokens", "Generated tokens.", value=c["generation_tokens"])
+        yield CounterMetricFamily("sim_prompt_tokens", "Prompt tokens received.", value=c["prompt_tokens"])
+        yield CounterMetricFamily("sim_requests", "Requests received.", value=c["requests"])
+
+
+# ----- request parsing ------------------------------------------------------------------------
+def _field(body: dict, name: str, types: tuple, default: Any = None) -> Any:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) and bool not in types:
+        raise OpenAIError(f"'{name}' must be of type {types[0].__name__}, got bool", param=name)
+    if not isinstance(value, types):
+        raise OpenAIError(f"'{name}' must be of type {types[0].__name__}, got {type(value).__name__}", param=name)
+    return value
+
+
+def _prompt_tokens(body: dict, chat: bool) -> int:
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise OpenAIError("'messages' must be a non-empty list of {role, content} objects", param="messages")
+        total = 0
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or "role" not in m:
+                raise OpenAIError(f"messages[{i}] must be an object with 'role' and 'content'", param="messages")
+            content = m.get("content") or ""
+            if isinstance(content, list):  # content parts
+                content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+            if not isinstance(content, str):
+                raise OpenAIError(f"messages[{i}].content must be a string or a list of parts", param="messages")
+            total += tokenizer.count_tokens(content)
+        return max(total, 1)
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return max(tokenizer.count_tokens(prompt), 1)
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return len(prompt)
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        return max(tokenizer.count_tokens(prompt[0]), 1)
+    raise OpenAIError("'prompt' must be a string, a one-string list or a list of token ids", param="prompt")
+
+
+def _parse(body: Any, engine: SimEngine, chat: bool) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise OpenAIError("request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and model != engine.model_name:
+        raise OpenAIError(f"model {model!r} does not exist; this server serves {engine.model_name!r}",
+                          status=404, param="model", code="model_not_found")
+    n = _field(body, "n", (int,), 1)
+    if n != 1:
+        raise OpenAIError("only n=1 is supported", param="n")
+    prompt_tokens = _prompt_tokens(body, chat)
+    session_len = engine.model.session_len
+    max_tokens = _field(body, "max_completion_tokens", (int,), None) if chat else None
+    max_tokens = max_tokens if max_tokens is not None else _field(body, "max_tokens", (int,), None)
+    if max_tokens is None:
+        max_tokens = session_len - prompt_tokens
+    if max_tokens < 1:
+        raise OpenAIError(f"'max_tokens' must be >= 1, got {max_tokens}", param="max_tokens")
+    if prompt_tokens + max_tokens > session_len:
+        raise OpenAIError(
+            f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds the session length "
+            f"{session_len}; lower max_tokens", param="max_tokens", code="context_length_exceeded")
+    temperature = float(_field(body, "temperature", (int, float), 1.0))
+    if not 0.0 <= temperature <= 2.0:
+        raise OpenAIError(f"'temperature' must be in [0, 2], got {temperature}", param="temperature")
+    stream_options = _field(body, "stream_options", (dict,), {}) or {}
+    return dict(prompt_tokens=prompt_tokens, max_tokens=int(max_tokens), temperature=temperature,
+                ignore_eos=bool(_field(body, "ignore_eos", (bool,), False)),
+                seed=_field(body, "seed", (int,), None), stream=bool(_field(body, "stream", (bool,), False)),
+                include_usage=bool(stream_options.get("include_usage", False)))
+
+
+# ----- handlers -------------------------------------------------------------------------------
+def build_app(engine: SimEngine) -> web.Application:
+    """The aiohttp application serving ``engine`` (engine loop started on app startup)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_MetricsCollector(engine))
+
+    @web.middleware
+    async def guard(request: web.Request, handler):  # noqa: ANN001, ANN202
+        if engine.hung:  # simulated hang: accept the connection, never answer
+            await asyncio.Event().wait()
+        try:
+            return await handler(request)
+        except OpenAIError as exc:
+            return exc.response()
+
+    async def add_header(_request: web.Request, response: web.StreamResponse) -> None:
+        response.headers[SIM_HEADER] = "true"
+
+    async def models(_request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{
+            "id": engine.model_name, "object": "model", "created": int(engine.epoch0), "owned_by": "simulator",
+            "root": engine.model_name, "parent": None, "max_model_len": engine.model.session_len}]})
+
+    async def health(_request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def metrics(_request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry), content_type="text/plain", charset="utf-8")
+
+    async def info(_request: web.Request) -> web.Response:
+        return web.json_response(engine.info())
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        return await _generate(request, chat=False)
+
+    async def chat_completions(request: web.Request) -> web.StreamResponse:
+        return await _generate(request, chat=True)
+
+    async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise OpenAIError("request body is not valid JSON") from None
+        args = _parse(body, engine, chat)
+        try:
+            req = engine.submit(args["prompt_tokens"], args["max_tokens"], temperature=args["temperature"],
+                                ignore_eos=args["ignore_eos"], seed=args["seed"])
+        except ValueError as exc:
+            raise OpenAIError(str(exc), param="max_tokens") from None
+        text_rng = random.Random(req.request_id)
+        rid = ("chatcmpl-" if chat else "cmpl-") + req.request_id
+        created = int(engine.sim_timestamp())
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        finished = False
+        try:
+            if not args["stream"]:
+                parts: list[str] = []
+                generated = 0
+                first_token_time = finish_time = None
+                while not finished:
+                    n, finished, stamps = await req.payload.get()
+                    generated += n
+                    first_token_time = stamps[0][0] if first_token_time is None else first_token_time
+                    finish_time = stamps[-1][0]
+                    parts.append(tokenizer.sample_text(n, text_rng))
+                finish = "length" if generated >= args["max_tokens"] else "stop"
+                text = " ".join(parts)
+                choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+                          if chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": finish})
+                return web.json_response({
+                    "id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
+                    "model": engine.model_name, "choices": [choice],
+                    "usage": {"prompt_tokens": req.prompt_tokens, "completion_tokens": generated,
+                              "total_tokens": req.prompt_tokens + generated},
+                    "sim": {"arrival": round(req.arrival_time, 6), "first_token": first_token_time,
+                            "finish": finish_time}})
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+            await resp.prepare(request)
+            generated, first = 0, True
+            # Hot path (one event per sequence per iteration): pre-render everything but the text.
+            head = json.dumps({"id": rid, "object": obj, "created": created, "model": engine.model_name})[:-1]
+            if chat:
+                pre, post = head + ', "choices": [{"index": 0, "delta": {"content": ', "}"
+            else:
+                pre, post = head + ', "choices": [{"index": 0, "text": ', ', "logprobs": null'
+            while not finished:
+                n, finished, stamps = await req.payload.get()
+                while not finished and not req.payload.empty():  # coalesce what is already queued
+                    n2, finished, more = req.payload.get_nowait()
+                    n, stamps = n + n2, stamps + more
+                generated += n
+                text = json.dumps(" " + tokenizer.sample_text(n, text_rng))
+                if chat and first:
+                    text += ', "role": "assistant"'
+                reason = "null"
+                if finished:
+                    reason = '"length"' if generated >= args["max_tokens"] else '"stop"'
+                # Simulated times of the tokens in this event: [[time, tokens], ...] (seconds since the
+                # engine started), and the request's simulated arrival in the first event.
+                sim = {"token_times": stamps}
+                if first:
+                    sim["arrival"] = round(req.arrival_time, 6)
+                first = False
+                await resp.write(f"data: {pre}{text}{post}, \"finish_reason\": {reason}}}], "
+                                 f"\"sim\": {json.dumps(sim)}}}\n\n".encode())
+            if args["include_usage"]:
+                chunk = {"id": rid, "object": obj, "created": created, "model": engine.model_name, "choices": [],
+                         "usage": {"prompt_tokens": req.prompt_tokens, "completion_tokens": generated,
+                                   "total_tokens": req.prompt_tokens + generated}}
+                await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+            return resp
+        finally:
+            if not finished:  # client went away (or an error): free its KV blocks
+                engine.cancel(req)
+
+    app = web.Application(middlewares=[guard], client_max_size=64 * 1024 * 1024)
+    app.on_response_prepare.append(add_header)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/sim/info", info)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+
+    async def on_startup(_app: web.Application) -> None:
+        engine.start()
+
+    async def on_cleanup(_app: web.Application) -> None:
+        await engine.stop()
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    return app
+
+
+def fault_task(engine: SimEngine, spec: str) -> Any:
+    """Coroutine that carries out a timed fault (``crash-after:S``, ``hang-after:S``), or ``None``."""
+    kind, _, arg = spec.partition(":")
+    if kind not in ("crash-after", "hang-after"):
+        return None
+    seconds = float(arg)
+
+    async def run() -> None:
+        await engine.sleep_sim(seconds)
+        if kind == "crash-after":
+            log.error("simulated fault crash-after:%s: engine process dies now (exit 137, like a SIGKILL/OOM kill)", arg)
+            logging.shutdown()
+            os._exit(137)
+        log.error("simulated fault hang-after:%s: engine stops answering every request; process stays alive", arg)
+        engine.hung = True
+
+    return run()

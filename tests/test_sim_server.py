@@ -1,0 +1,222 @@
+"""The simulated engine as a real process over real HTTP, driven by the official openai client."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+ROOT = Path(__file__).resolve().parents[1]
+MTP = ["--speculative-algorithm", "qwen3_5_mtp", "--speculative-num-draft-tokens", "3"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, timeout: float = 2.0) -> tuple[int, bytes, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read(), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(), dict(e.headers)
+
+
+class Sim:
+    def __init__(self, *flags: str, time_scale: float = 50.0) -> None:
+        self.port = _free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        argv = [sys.executable, "-m", "orchestrator.sim", "--profile", "intern-s2-preview-8xh200",
+                "--server-name", "127.0.0.1", "--server-port", str(self.port), "--tp", "8",
+                "--cache-max-entry-count", "0.8", "--max-prefill-token-num", "8192",
+                "--time-scale", str(time_scale), *flags]
+        self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+
+    def wait_ready(self, timeout: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"sim exited {self.proc.returncode}: {self.proc.stdout.read()}")
+            try:
+                if _get(self.base + "/v1/models", 0.5)[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError("sim not ready")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def client(self, timeout: float = 30.0) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.base + "/v1", api_key="none", timeout=timeout, max_retries=0)
+
+
+@contextmanager
+def running(*flags: str, time_scale: float = 50.0) -> Iterator[Sim]:
+    sim = Sim(*flags, time_scale=time_scale)
+    try:
+        sim.wait_ready()
+        yield sim
+    finally:
+        sim.stop()
+
+
+@pytest.fixture(scope="module")
+def mtp_sim() -> Iterator[Sim]:
+    with running(*MTP) as sim:
+        yield sim
+
+
+def _metrics(sim: Sim) -> dict[str, float]:
+    status, body, headers = _get(sim.base + "/metrics")
+    assert status == 200
+    return {s.name: s.value for fam in text_string_to_metric_families(body.decode()) for s in fam.samples}
+
+
+def test_models_info_and_header(mtp_sim: Sim) -> None:
+    status, body, headers = _get(mtp_sim.base + "/v1/models")
+    data = json.loads(body)
+    assert data["data"][0]["id"] == "intern-s2-preview-8xh200" and data["data"][0]["owned_by"] == "simulator"
+    assert headers.get("x-simulated-engine") == "true"
+    info = json.loads(_get(mtp_sim.base + "/sim/info")[1])
+    assert info["simulated"] is True and info["time_scale"] == 50.0 and info["config"]["num_draft_tokens"] == 3
+    assert _get(mtp_sim.base + "/health")[0] == 200
+
+
+def test_completions_and_chat_usage_streaming_and_not(mtp_sim: Sim) -> None:
+    client = mtp_sim.client()
+    extra = {"ignore_eos": True}
+    r = client.completions.create(model="intern-s2-preview-8xh200", prompt="The Zen of Python", max_tokens=40,
+                                  temperature=0, extra_body=extra)
+    assert r.usage.completion_tokens == 40 and r.usage.prompt_tokens == 4 and r.choices[0].finish_reason == "length"
+    c = client.chat.completions.create(model="intern-s2-preview-8xh200", max_tokens=33, temperature=0,
+                                       messages=[{"role": "user", "content": "hello there"}], extra_body=extra)
+    assert c.usage.completion_tokens == 33 and c.choices[0].message.content
+
+    events, usage = [], None
+    for chunk in client.completions.create(model="intern-s2-preview-8xh200", prompt="x", max_tokens=200,
+                                           temperature=0, stream=True, stream_options={"include_usage": True},
+                                           extra_body=extra):
+        if chunk.choices:
+            events.append(len(chunk.choices[0].text.split()))
+        if chunk.usage:
+            usage = chunk.usage
+    assert usage.completion_tokens == 200 == sum(events)
+    assert max(events) > 1  # under MTP one SSE event carries several tokens
+    chat_tokens = 0
+    for chunk in client.chat.completions.create(model="intern-s2-preview-8xh200", max_tokens=50, stream=True,
+                                                messages=[{"role": "user", "content": "hi"}], extra_body=extra):
+        if chunk.choices and chunk.choices[0].delta.content:
+            chat_tokens += len(chunk.choices[0].delta.content.split())
+    assert chat_tokens == 50
+
+
+def test_metrics_parse_and_move(mtp_sim: Sim) -> None:
+    before = _metrics(mtp_sim)
+    for name in ("lmdeploy:spec_decode_num_drafts_total", "lmdeploy:spec_decode_num_draft_tokens_total",
+                 "lmdeploy:spec_decode_num_accepted_tokens_total", "lmdeploy:num_requests_running",
+                 "lmdeploy:num_requests_waiting", "sim_time_scale", "sim_generation_tokens_total",
+                 "sim_requests_total"):
+        assert name in before, name
+    mtp_sim.client().completions.create(model="intern-s2-preview-8xh200", prompt="a b c", max_tokens=300,
+                                        extra_body={"ignore_eos": True}, temperature=0)
+    after = _metrics(mtp_sim)
+    drafts = after["lmdeploy:spec_decode_num_drafts_total"] - before["lmdeploy:spec_decode_num_drafts_total"]
+    drafted = after["lmdeploy:spec_decode_num_draft_tokens_total"] - before["lmdeploy:spec_decode_num_draft_tokens_total"]
+    accepted = (after["lmdeploy:spec_decode_num_accepted_tokens_total"]
+                - before["lmdeploy:spec_decode_num_accepted_tokens_total"])
+    assert drafts > 0 and drafted == 3 * drafts and 0 < accepted <= drafted
+    assert after["sim_generation_tokens_total"] - before["sim_generation_tokens_total"] == 300
+    assert after["sim_requests_total"] - before["sim_requests_total"] == 1
+    assert drafts + accepted == 299  # every decode step emits 1 + accepted; the first token is prefill's
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": 3, "max_tokens": 5}, "prompt"),
+    ({"prompt": "hi", "max_tokens": -1}, "max_tokens"),
+    ({"prompt": "hi", "max_tokens": 5, "temperature": "hot"}, "temperature"),
+    ({"prompt": "hi", "max_tokens": 10**7}, "max_tokens"),
+])
+def test_bad_request_is_openai_error_json(mtp_sim: Sim, body: dict, param: str) -> None:
+    req = urllib.request.Request(mtp_sim.base + "/v1/completions", data=json.dumps(body).encode(), method="POST")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=5)
+    assert err.value.code == 400
+    error = json.loads(err.value.read())["error"]
+    assert error["param"] == param and error["type"] == "invalid_request_error" and error["message"]
+    req = urllib.request.Request(mtp_sim.base + "/v1/chat/completions", data=b"{not json", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=5)
+    assert err.value.code == 400 and "error" in json.loads(err.value.read())
+
+
+def test_eos_may_stop_early_without_ignore_eos(mtp_sim: Sim) -> None:
+    client = mtp_sim.client()
+    counts = [client.completions.create(model="intern-s2-preview-8xh200", prompt="p", max_tokens=3000, seed=i,
+                                        temperature=0).usage.completion_tokens for i in range(4)]
+    assert all(1 <= c <= 3000 for c in counts) and min(counts) < 3000
+
+
+@pytest.mark.parametrize("fault, code, says", [
+    ("crash-at-start", 3, "crash-at-start"),
+    ("oom-at-start", 1, "CUDA out of memory"),
+])
+def test_start_faults_exit_with_code(fault: str, code: int, says: str) -> None:
+    sim = Sim("--fault", fault)
+    assert sim.proc.wait(15) == code
+    assert says in sim.proc.stdout.read()
+
+
+def test_real_oom_when_memory_fraction_unsafe() -> None:
+    sim = Sim(*MTP, "--cache-max-entry-count", "0.95")
+    assert sim.proc.wait(15) == 1
+    assert "CUDA out of memory" in sim.proc.stdout.read()
+
+
+def test_never_ready_stays_alive_without_answering() -> None:
+    sim = Sim("--fault", "never-ready")
+    try:
+        time.sleep(1.5)
+        assert sim.proc.poll() is None
+        with pytest.raises(OSError):
+            _get(sim.base + "/v1/models", 0.5)
+    finally:
+        sim.stop()
+
+
+def test_crash_after_and_hang_after() -> None:
+    crash = Sim("--fault", "crash-after:50", time_scale=50.0)  # 50 simulated s = 1 wall s
+    hang = Sim("--fault", "hang-after:50", time_scale=50.0)
+    try:
+        crash.wait_ready()
+        hang.wait_ready()
+        assert crash.proc.wait(15) == 137
+        assert "crash-after" in crash.proc.stdout.read()
+        time.sleep(0.3)
+        assert hang.proc.poll() is None
+        with pytest.raises(OSError):  # accepted but never answered: a timeout
+            _get(hang.base + "/v1/models", 1.0)
+        assert hang.proc.poll() is None
+    finally:
+        crash.stop()
+        hang.stop()
