@@ -1,0 +1,51 @@
+"""Free TCP ports on this host: pick one, and wait until one is free again.
+
+Kept apart from :mod:`orchestrator.engine` because the Serve replica and the tests need the same
+answers ("is this port usable by a server now?") without an engine.
+"""
+from __future__ import annotations
+
+import socket
+import time
+
+__all__ = ["find_free_port", "port_is_free", "wait_for_port_free"]
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS says is free on ``host`` now (bind to port 0, read it back, release it).
+
+    There is a window between releasing the port and the engine binding it in which another process
+    can take it; :class:`orchestrator.engine.EngineProcess` covers that race by restarting once on a
+    new port when the engine's log says "Address already in use".
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """Whether a server could bind ``host:port`` now.
+
+    Binds with ``SO_REUSEADDR`` like uvicorn and LMDeploy's api_server do, so sockets of a stopped
+    server lingering in TIME_WAIT do not count as "in use" (they do not stop a new server either).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def wait_for_port_free(host: str, port: int, timeout_s: float = 10.0, poll_s: float = 0.1) -> bool:
+    """Poll until ``host:port`` can be bound (see :func:`port_is_free`); ``False`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if port_is_free(host, port):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)

@@ -1,0 +1,38 @@
+"""Shared test set-up: the ``gpu`` marker and a per-test log folder."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+
+def _gpu_skip_reason() -> str | None:
+    """Why GPU tests cannot run here, or ``None`` when they can (CUDA GPU, torch and LMDeploy)."""
+    for module in ("torch", "lmdeploy"):
+        if importlib.util.find_spec(module) is None:
+            return f"needs {module} (GPU node with the [gpu] extra)"
+    import torch
+
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items:
+        return
+    reason = _gpu_skip_reason()
+    if reason is None:
+        return
+    for item in gpu_items:
+        item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture
+def tmp_log_dir(tmp_path: Path) -> Path:
+    """A fresh folder for engine logs; its files show up in pytest's tmp_path on failure."""
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    return log_dir
