@@ -1,0 +1,298 @@
+"""The bench client: pure metric helpers, then real HTTP against the real simulated engine."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config import EngineConfig
+from orchestrator.engine import EngineProcess
+from orchestrator.ports import find_free_port
+from tuning.bench import (
+    BenchResult,
+    LatencyStats,
+    RequestOutput,
+    SteadyStateRule,
+    _SteadyStateTracker,
+    _t_quantile,
+    accept_length_from_counters,
+    benchmark,
+    compute_latency_stats,
+    parse_spec_counters,
+)
+from tuning.workload import Workload, build_requests
+
+ROOT = Path(__file__).resolve().parent.parent
+PROFILE = "intern-s2-preview-8xh200"
+TIME_SCALE = 20.0
+MTP = EngineConfig(backend="sim", model=PROFILE, tp=8, speculative_algorithm="qwen3_5_mtp", num_draft_tokens=3)
+NO_MTP = EngineConfig(backend="sim", model=PROFILE, tp=8)
+
+
+# ----- pure helpers -------------------------------------------------------------------------------
+
+METRICS_PAGE = """\
+# HELP lmdeploy:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE lmdeploy:spec_decode_num_drafts_total counter
+lmdeploy:spec_decode_num_drafts_total{model_name="m"} 100.0
+# HELP lmdeploy:spec_decode_num_draft_tokens_total Number of draft tokens.
+# TYPE lmdeploy:spec_decode_num_draft_tokens_total counter
+lmdeploy:spec_decode_num_draft_tokens_total{model_name="m"} 300.0
+# HELP lmdeploy:spec_decode_num_accepted_tokens_total Number of accepted tokens.
+# TYPE lmdeploy:spec_decode_num_accepted_tokens_total counter
+lmdeploy:spec_decode_num_accepted_tokens_total{model_name="m"} 210.0
+# HELP lmdeploy:num_requests_running Running requests.
+# TYPE lmdeploy:num_requests_running gauge
+lmdeploy:num_requests_running 3.0
+"""
+
+
+def test_parse_spec_counters_matches_samples_despite_total_suffix_stripping():
+    assert parse_spec_counters(METRICS_PAGE) == {"num_drafts": 100.0, "num_draft_tokens": 300.0, "num_accepted_tokens": 210.0}
+    assert parse_spec_counters("# nothing here\n") == {}
+
+
+def test_accept_length_from_counters():
+    delta = {"num_drafts": 100.0, "num_draft_tokens": 300.0, "num_accepted_tokens": 210.0}
+    assert accept_length_from_counters(delta, 3) == pytest.approx(3.1)
+    assert accept_length_from_counters(delta, None) == pytest.approx(3.1)  # N from the ratio
+    # an engine counting one "draft" per drafted token: N from the config is what makes it right
+    assert accept_length_from_counters({**delta, "num_drafts": 300.0}, 3) == pytest.approx(3.1)
+    assert accept_length_from_counters({"num_drafts": 0.0, "num_draft_tokens": 0.0, "num_accepted_tokens": 0.0}, 3) is None
+    assert accept_length_from_counters({}, None) is None
+
+
+def test_latency_stats_are_ms_and_scaled_and_zero_when_empty():
+    s = compute_latency_stats([0.001, 0.002, 0.003], scale=10)
+    assert s.mean == pytest.approx(20.0) and s.median == pytest.approx(20.0)
+    assert 20.0 < s.p99 <= 30.0
+    assert compute_latency_stats([]) == LatencyStats(0.0, 0.0, 0.0)
+
+
+def test_t_quantile_matches_tables():
+    assert _t_quantile(0.975, 9) == pytest.approx(2.262, abs=2e-3)
+    assert _t_quantile(0.975, 4) == pytest.approx(2.776, abs=1e-2)
+    assert _t_quantile(0.975, 1000) == pytest.approx(1.962, abs=2e-3)
+
+
+def test_steady_state_tracker_windows_and_convergence():
+    rule = SteadyStateRule(rel_tolerance=0.05, window_s=10.0, min_windows=4)
+    tr = _SteadyStateTracker(rule, time_scale=10.0, t0=0.0)  # windows of 1 wall second
+    tr.add_tokens(0.5, 1000)  # before saturation: ignored
+    tr.start(1.0)
+    for k in range(6):
+        for j in range(10):
+            tr.add_tokens(1.0 + k + j / 10, 100 + (j % 2))  # ~1005 tokens per window
+    assert len(tr.complete_windows(4.5)) == 3
+    assert tr.converged(4.5) is None  # too few windows
+    est = tr.converged(7.0)
+    assert est is not None and est.windows == 6 and est.batches == 4
+    assert est.throughput == pytest.approx(100.5)  # tokens per simulated second
+    assert est.saturated_from_s == pytest.approx(10.0)
+    tr.end(7.5)
+    tr.add_tokens(7.6, 10_000)  # after saturation: ignored
+    assert tr.estimate(100.0).windows == 6
+
+
+def test_steady_state_rule_validation():
+    with pytest.raises(Exception, match="rel_tolerance"):
+        SteadyStateRule(rel_tolerance=0)
+    with pytest.raises(Exception, match="min_windows"):
+        SteadyStateRule(min_windows=1)
+
+
+# ----- against the simulated engine ---------------------------------------------------------------
+
+
+def _engine(tmp_path_factory, config=MTP, fault=None, time_scale=TIME_SCALE):
+    return EngineProcess(
+        config, log_dir=tmp_path_factory.mktemp("sim-logs"), sim_time_scale=time_scale, sim_fault=fault,
+        ready_timeout_s=60,
+    )
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    with _engine(tmp_path_factory) as engine:
+        yield engine
+
+
+def _metrics(base_url: str) -> dict[str, float]:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as r:
+        return parse_spec_counters(r.read().decode())
+
+
+def _check_stats(s: LatencyStats) -> None:
+    assert 0 < s.median and 0 < s.mean
+    assert s.mean <= s.p99 and s.median <= s.p99
+
+
+def test_bench_against_sim_measures_everything(sim):
+    w = Workload(input_len=256, output_len=64, range_ratio=0.5, num_prompts=24, max_concurrency=8, seed=1, warmup_requests=2)
+    specs = build_requests(w)
+    before = _metrics(sim.base_url)
+    r = benchmark(sim.base_url, w, engine_config=MTP)
+    after = _metrics(sim.base_url)
+
+    assert r.completed == 24 and r.failed == 0 and r.cancelled == 0 and r.failure_reasons == {}
+    assert r.total_output_tokens == sum(s.output_len for s in specs)  # ignore_eos: exactly what was asked
+    assert r.total_input_tokens == sum(s.prompt_len for s in specs)
+    assert r.simulated and r.time_scale == TIME_SCALE and r.versions["engine"] == "sim"
+    assert r.engine_key == MTP.key() and r.engine_config == MTP.to_dict()
+    for s in (r.ttft_ms, r.tpot_ms, r.itl_ms, r.e2e_ms):
+        _check_stats(s)
+    assert r.ttft_ms.mean < r.e2e_ms.mean
+    assert r.output_throughput == pytest.approx(r.total_output_tokens / r.duration_s)
+    assert r.total_token_throughput == pytest.approx(r.input_throughput + r.output_throughput)
+    assert r.request_throughput == pytest.approx(24 / r.duration_s)
+    # accept length: from the sim's own counters (warm-up excluded, so within the outer delta)
+    assert r.spec_counters["num_draft_tokens"] > 0
+    assert r.spec_counters["num_accepted_tokens"] <= after["num_accepted_tokens"] - before["num_accepted_tokens"]
+    expected = 1 + r.spec_counters["num_accepted_tokens"] * 3 / r.spec_counters["num_draft_tokens"]
+    assert r.accept_length == pytest.approx(expected)
+    assert 1.0 < r.accept_length <= 4.0
+    # JSON round trip
+    again = BenchResult.from_json(r.to_json())
+    assert again == r
+    assert json.loads(r.to_json())["workload"]["request_rate"] == "inf"
+
+
+def test_chat_api_and_poisson_arrivals(sim):
+    w = Workload(api="chat", input_len=128, output_len=32, num_prompts=12, max_concurrency=None, request_rate=200.0, seed=2)
+    r = benchmark(sim.base_url, w)
+    assert r.completed == 12 and r.failed == 0
+    assert r.total_output_tokens == sum(s.output_len for s in build_requests(w))
+    assert r.accept_length is not None  # N from the counters' ratio (no engine config given)
+    _check_stats(r.ttft_ms)
+
+
+class _Recorder:
+    def __init__(self):
+        self.total = None
+        self.done: list[RequestOutput] = []
+        self.result = None
+
+    def on_start(self, total):
+        self.total = total
+
+    def on_request_done(self, output):
+        self.done.append(output)
+
+    def on_complete(self, result):
+        self.result = result
+
+
+class _BrokenDisplay:
+    def on_start(self, total):
+        raise RuntimeError("terminal went away")
+
+    on_request_done = on_complete = on_start
+
+
+def test_failed_requests_are_data_with_reasons(sim):
+    w = Workload(input_len=64, output_len=16, num_prompts=6, max_concurrency=3)
+    rec = _Recorder()
+    r = benchmark(sim.base_url, w, model="no-such-model", progress=rec)
+    assert r.completed == 0 and r.failed == 6
+    (reason, count), = r.failure_reasons.items()
+    assert reason.startswith("HTTP 4") and count == 6
+    assert rec.total == 6 and len(rec.done) == 6 and rec.result == r
+    assert all(not o.success and o.error for o in rec.done)
+    # a display that raises never fails the run
+    assert benchmark(sim.base_url, w.replace(num_prompts=2), progress=_BrokenDisplay()).completed == 2
+
+
+def test_engine_crash_mid_run_is_counted_not_raised(tmp_path_factory):
+    # The fault clock is simulated time from the engine's start; the run needs ~16 simulated seconds,
+    # and output lengths from 40 to 4096 tokens make some requests finish before the crash.
+    w = Workload(input_len=128, output_len=4096, range_ratio=0.01, num_prompts=16, max_concurrency=4)
+    with _engine(tmp_path_factory, config=NO_MTP, fault="crash-after:10", time_scale=5) as engine:
+        r = benchmark(engine.base_url, w, request_timeout_s=30)
+    assert r.completed + r.failed == 16 and r.failed > 0 and r.completed > 0
+    assert set(r.failure_reasons) <= {"connection", "incomplete stream"}
+    assert r.accept_length is None
+
+
+def test_engine_hang_mid_run_times_out(tmp_path_factory):
+    w = Workload(input_len=128, output_len=4096, range_ratio=0.01, num_prompts=16, max_concurrency=4)
+    with _engine(tmp_path_factory, config=NO_MTP, fault="hang-after:10", time_scale=5) as engine:
+        r = benchmark(engine.base_url, w, request_timeout_s=1.0)
+        engine.stop(timeout_s=2)  # a hung engine ignores SIGTERM; don't wait the default 30 s for it
+    assert r.completed + r.failed == 16 and r.failed > 0 and r.completed > 0
+    assert "timeout" in r.failure_reasons
+
+
+def test_cli_unreachable_server_exits_2_with_one_line():
+    port = find_free_port("127.0.0.1")
+    p = subprocess.run(
+        [sys.executable, "-m", "tuning.bench", "--base-url", f"http://127.0.0.1:{port}", "--num-prompts", "2", "--quiet"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot reach the server" in lines[0] and str(port) in lines[0]
+
+
+def test_cli_runs_and_writes_json(sim, tmp_path):
+    out = tmp_path / "r.json"
+    p = subprocess.run(
+        [sys.executable, "-m", "tuning.bench", "--base-url", sim.base_url, "--num-prompts", "4", "--max-concurrency", "2",
+         "--random-input-len", "64", "--random-output-len", "16", "--output", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    assert "SIMULATED ENGINE" in p.stdout
+    r = BenchResult.from_json(out.read_text())
+    assert r.completed == 4 and r.simulated
+
+
+def test_cli_help_documents_every_flag():
+    p = subprocess.run([sys.executable, "-m", "tuning.bench", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0
+    for flag in ("--base-url", "--backend-api", "--dataset-path", "--random-range-ratio", "--max-concurrency",
+                 "--request-rate", "--ignore-eos", "--tokenizer", "--steady-state-tolerance", "--output", "--api-key", "--sim"):
+        assert flag in p.stdout
+
+
+def test_early_stop_agrees_with_full_run(tmp_path_factory):
+    """The steady-state estimate equals the full run's throughput within a few % in a fraction of the time.
+
+    The full run's figure also contains the ramp-up and the drain at the end (fewer than
+    ``max_concurrency`` requests left), so it sits slightly below the steady state; the tolerance
+    covers that and the timing noise of a shared 2-core machine.
+    """
+    w = Workload(input_len=256, output_len=512, range_ratio=0.5, num_prompts=256, max_concurrency=8, seed=4)
+    rule = SteadyStateRule(rel_tolerance=0.05, window_s=1.0, min_windows=8)
+    with _engine(tmp_path_factory, time_scale=10) as engine:
+        full = benchmark(engine.base_url, w, engine_config=MTP)
+        early = benchmark(engine.base_url, w, engine_config=MTP, steady_state=rule)
+    assert not full.early_stopped and full.completed == 256
+    assert early.early_stopped and early.cancelled > 0
+    assert early.completed + early.cancelled + early.failed == 256 and early.failed == 0
+    assert early.duration_s < full.duration_s
+    ss = early.steady_state
+    assert ss["rel_half_width"] <= 0.05 and ss["batches"] >= 8
+    assert early.output_throughput == pytest.approx(ss["throughput"])
+    assert early.output_throughput == pytest.approx(full.output_throughput, rel=0.08)
+    _check_stats(early.tpot_ms)
+    assert early.tpot_ms.mean == pytest.approx(full.tpot_ms.mean, rel=0.15)
+    assert early.accept_length == pytest.approx(full.accept_length, rel=0.05)
+
+
+def test_cli_without_base_url_benchmarks_a_simulated_engine(tmp_path):
+    out = tmp_path / "r.json"
+    p = subprocess.run(
+        [sys.executable, "-m", "tuning.bench", "--num-prompts", "4", "--max-concurrency", "2", "--random-input-len", "64",
+         "--random-output-len", "16", "--sim-time-scale", "50", "--sim-log-dir", str(tmp_path / "logs"), "--quiet",
+         "--output", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    r = BenchResult.from_json(out.read_text())
+    assert r.completed == 4 and r.simulated and r.engine_key == MTP.key() and r.accept_length is not None

@@ -1,0 +1,1266 @@
+"""The benchmark client: drive an OpenAI-compatible server with a :class:`Workload`, return a
+:class:`BenchResult`. ``python -m tuning.bench --help`` is the CLI.
+
+Figures are defined exactly as ``sglang.bench_serving`` defines them, so they compare with
+published tables:
+
+- **TTFT**: request sent -> first streamed chunk with text.
+- **ITL**: the gaps between consecutive streamed chunks with text (one entry per chunk, so a chunk
+  carrying several speculative tokens is one gap).
+- **TPOT** per request: ``(e2e - ttft) / (output_tokens - 1)`` for requests with > 1 output token.
+- **E2E**: request sent -> last chunk.
+- Throughputs: completed requests' totals / benchmark duration (first measured request sent ->
+  last one finished; warm-up excluded). Output tokens are the server's ``usage.completion_tokens``
+  (final stream chunk, ``stream_options.include_usage``) or, when absent, the generated text's
+  token count. Percentiles with ``numpy.percentile``; a figure with no samples is 0 (as sglang).
+- **Accept length**: ``1 + Δaccepted / (Δdraft_tokens / N)`` from the engine's
+  ``lmdeploy:spec_decode_*`` counters scraped before and after the measured requests, ``N`` the
+  draft tokens per draft step (from the engine config, else ``Δdraft_tokens / Δdrafts``).
+
+Against the simulated engine (``GET /sim/info`` answers, or responses carry
+``x-simulated-engine: true``) every measured wall duration is multiplied by the simulator's
+``time_scale``, so all figures are in simulated time, and ``simulated`` is true.
+
+A failed request is data (``RequestOutput.error_kind``), never an exception: failures are counted
+in ``failed`` and ``failure_reasons``, and the run goes on.
+
+**Steady-state early stop** (:class:`SteadyStateRule`): with long outputs most of a run's wall time
+is spent waiting for the slowest requests, while the figure a sweep ranks by — output throughput at
+the bucket's concurrency — is known long before. While the system is saturated (every concurrency
+slot busy, the first wave's prefill done, requests still waiting for a slot) the client counts
+output tokens per fixed window and computes a batch-means confidence interval of the throughput.
+Once its half-width is within ``rel_tolerance`` of the mean (and ``min_windows`` windows are in),
+outstanding requests are cancelled (counted as ``cancelled``, not failed) and
+``output_throughput`` is the **steady-state output throughput at full concurrency**: mean tokens
+per window / window length. Other figures then come from what was observed until the stop: latency
+statistics of completed requests, plus TTFT/ITL/TPOT of the cancelled requests' received part (so
+long requests are not left out of the per-token figures); request/input throughput are completed
+requests over the shortened duration. ``steady_state`` in the result records the estimate either way.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import logging
+import math
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import numpy as np
+
+from orchestrator.errors import OrchestratorError
+from tuning.progress import BenchProgress, NullProgress, RichProgress, SafeProgress
+from tuning.workload import RequestSpec, TokenCounter, Workload, build_requests, resolve_token_counter
+
+if TYPE_CHECKING:
+    from orchestrator.config import EngineConfig
+
+__all__ = [
+    "BenchError",
+    "BenchProgress",
+    "BenchResult",
+    "LatencyStats",
+    "RequestOutput",
+    "ServerInfo",
+    "ServerUnreachableError",
+    "SteadyStateEstimate",
+    "SteadyStateRule",
+    "accept_length_from_counters",
+    "benchmark",
+    "compute_latency_stats",
+    "main",
+    "parse_spec_counters",
+    "run_benchmark",
+]
+
+logger = logging.getLogger(__name__)
+
+SPEC_COUNTER_NAMES: dict[str, str] = {
+    "num_drafts": "lmdeploy:spec_decode_num_drafts_total",
+    "num_draft_tokens": "lmdeploy:spec_decode_num_draft_tokens_total",
+    "num_accepted_tokens": "lmdeploy:spec_decode_num_accepted_tokens_total",
+}
+"""Our name -> LMDeploy's Prometheus sample name of each speculative-decoding counter."""
+
+SIM_HEADER = "x-simulated-engine"
+PROBE_TIMEOUT_S = 10.0
+WARMUP_MAX_OUTPUT_TOKENS = 32
+"""Warm-up requests ask for at most this many tokens: they warm the server, they measure nothing."""
+
+
+class BenchError(OrchestratorError):
+    """The benchmark could not run at all (as opposed to single requests failing, which is data)."""
+
+
+class ServerUnreachableError(BenchError):
+    """``GET /v1/models`` did not answer: no server at that URL, or not OpenAI-compatible."""
+
+
+# ----- records ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    """Mean, median and 99th percentile of one latency, in milliseconds."""
+
+    mean: float = 0.0
+    median: float = 0.0
+    p99: float = 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LatencyStats:
+        return cls(**{k: float(data[k]) for k in ("mean", "median", "p99")})
+
+
+def compute_latency_stats(seconds: Sequence[float], scale: float = 1.0) -> LatencyStats:
+    """Stats in ms of durations given in seconds times ``scale``; zeros for no samples (as sglang)."""
+    if len(seconds) == 0:
+        return LatencyStats()
+    a = np.asarray(seconds, dtype=float) * scale * 1000.0
+    return LatencyStats(mean=float(np.mean(a)), median=float(np.median(a)), p99=float(np.percentile(a, 99)))
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """What happened to one request. Times are client wall-clock seconds (not time-scaled).
+
+    Attributes:
+        index: position in the workload's request list.
+        success: the stream finished with ``[DONE]``.
+        error_kind: ``None`` on success, else e.g. ``"HTTP 500"``, ``"timeout"``, ``"connection"``,
+            ``"incomplete stream"``, ``"stream error"``, ``"cancelled"`` (stopped early by the bench).
+        error: the error's message (response body, exception text).
+        ttft: seconds to the first chunk with text (``None`` if none came).
+        itl: gaps between chunks with text, seconds.
+        latency: seconds from send to the last chunk (to the failure for failed requests).
+        prompt_len / output_len: tokens in / out (out: usage, else counted; partial for failures).
+        started_at / finished_at: ``time.monotonic()`` stamps.
+        last_token_at: stamp of the last chunk with text (``None`` if none).
+    """
+
+    index: int
+    success: bool
+    error_kind: str | None
+    error: str
+    ttft: float | None
+    itl: tuple[float, ...]
+    latency: float
+    prompt_len: int
+    output_len: int
+    started_at: float
+    finished_at: float
+    last_token_at: float | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        return self.error_kind == "cancelled"
+
+
+@dataclass(frozen=True)
+class SteadyStateRule:
+    """When to stop a run early: steady-state output throughput known within ``rel_tolerance``.
+
+    Args:
+        rel_tolerance: stop once the confidence interval's half-width / mean <= this.
+        window_s: length of one measurement window, in the server's time (simulated seconds for
+            the simulator). Windows should span many decode steps so batch means are ~independent.
+        min_windows: never stop on fewer windows; also the least number of batches the interval
+            is computed over (see :meth:`_SteadyStateTracker.estimate`).
+        confidence: of the two-sided Student-t interval over the window means.
+    """
+
+    rel_tolerance: float = 0.02
+    window_s: float = 5.0
+    min_windows: int = 8
+    confidence: float = 0.95
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.rel_tolerance, (int, float)) and 0 < self.rel_tolerance < 1):
+            raise BenchError(f"rel_tolerance={self.rel_tolerance!r} is out of range; allowed: (0, 1)")
+        if not (isinstance(self.window_s, (int, float)) and self.window_s > 0):
+            raise BenchError(f"window_s={self.window_s!r} must be a positive number of seconds")
+        if not (isinstance(self.min_windows, int) and self.min_windows >= 3):
+            raise BenchError(f"min_windows={self.min_windows!r} must be an integer >= 3")
+        if not (isinstance(self.confidence, (int, float)) and 0.5 <= self.confidence < 1):
+            raise BenchError(f"confidence={self.confidence!r} is out of range; allowed: [0.5, 1)")
+
+
+@dataclass(frozen=True)
+class SteadyStateEstimate:
+    """Batch-means estimate of steady-state output throughput (tokens/s, server time)."""
+
+    throughput: float
+    half_width: float
+    windows: int
+    """Complete windows observed."""
+    batches: int
+    """Batches (consecutive windows summed) the interval is computed over."""
+    window_s: float
+    confidence: float
+    saturated_from_s: float
+    """Seconds (server time) from the start of the measured run to the first window."""
+
+    @property
+    def rel_half_width(self) -> float:
+        return self.half_width / self.throughput if self.throughput > 0 else math.inf
+
+    def to_dict(self) -> dict[str, float]:
+        out = dataclasses.asdict(self)
+        out["rel_half_width"] = self.rel_half_width
+        return out
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """What one benchmark measured (JSON via :meth:`to_json`). Latencies in ms, throughputs per s;
+    all in simulated time when ``simulated``."""
+
+    workload: dict
+    engine_key: str | None
+    engine_config: dict | None
+    versions: dict
+    started_at: str
+    finished_at: str
+    duration_s: float
+    completed: int
+    failed: int
+    failure_reasons: dict[str, int]
+    request_throughput: float
+    input_throughput: float
+    output_throughput: float
+    total_token_throughput: float
+    total_input_tokens: int
+    total_output_tokens: int
+    ttft_ms: LatencyStats
+    tpot_ms: LatencyStats
+    itl_ms: LatencyStats
+    e2e_ms: LatencyStats
+    accept_length: float | None
+    spec_counters: dict
+    simulated: bool
+    time_scale: float
+    early_stopped: bool
+    concurrency: int | None
+    cancelled: int = 0
+    """Requests cancelled by the steady-state early stop (neither completed nor failed)."""
+    steady_state: dict | None = None
+    """:class:`SteadyStateEstimate` as a dict when a rule was given and windows were observed."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BenchResult:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise BenchError(f"unknown BenchResult field(s) {unknown}; known: {sorted(known)}")
+        kwargs = dict(data)
+        for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+            kwargs[k] = LatencyStats.from_dict(kwargs[k])
+        return cls(**kwargs)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> BenchResult:
+        return cls.from_dict(json.loads(text))
+
+
+# ----- pure helpers -------------------------------------------------------------------------------
+
+
+def parse_spec_counters(metrics_text: str) -> dict[str, float]:
+    """The ``lmdeploy:spec_decode_*`` counters in a Prometheus text page (summed over labels).
+
+    Matches *samples* by name: the parser strips ``_total`` from counter *family* names, but the
+    samples keep it.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = {v: k for k, v in SPEC_COUNTER_NAMES.items()}
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            key = wanted.get(sample.name)
+            if key is not None:
+                out[key] = out.get(key, 0.0) + float(sample.value)
+    return out
+
+
+def _parse_gauge(metrics_text: str, name: str) -> float | None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name == name:
+                return float(sample.value)
+    return None
+
+
+def accept_length_from_counters(delta: Mapping[str, float], num_draft_tokens: int | None) -> float | None:
+    """``1 + Δaccepted / (Δdraft_tokens / N)``; ``None`` when no draft tokens were counted.
+
+    ``N`` (draft tokens per draft step) comes from the engine config when known; otherwise from
+    ``Δdraft_tokens / Δdrafts`` (the engine counts one draft per step), i.e. accept length =
+    ``1 + Δaccepted / Δdrafts``.
+    """
+    draft_tokens = float(delta.get("num_draft_tokens", 0.0))
+    accepted = float(delta.get("num_accepted_tokens", 0.0))
+    if draft_tokens <= 0:
+        return None
+    if num_draft_tokens:
+        steps = draft_tokens / num_draft_tokens
+    else:
+        steps = float(delta.get("num_drafts", 0.0))
+        if steps <= 0:
+            return None
+    return 1.0 + accepted / steps
+
+
+def _t_quantile(p: float, df: int) -> float:
+    """Student-t quantile (Abramowitz & Stegun 26.7.5 expansion; < 1e-3 relative error for df >= 3).
+
+    Keeps scipy out of the dependencies for one number.
+    """
+    z = statistics.NormalDist().inv_cdf(p)
+    g1 = (z**3 + z) / 4
+    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
+    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
+    g4 = (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160
+    return z + g1 / df + g2 / df**2 + g3 / df**3 + g4 / df**4
+
+
+class _SteadyStateTracker:
+    """Output tokens per fixed window while saturated, and the batch-means interval over windows.
+
+    Pure bookkeeping over timestamps given by the caller (wall seconds); no clock of its own.
+    """
+
+    def __init__(self, rule: SteadyStateRule, time_scale: float, t0: float) -> None:
+        self.rule = rule
+        self.time_scale = time_scale
+        self.window_wall_s = rule.window_s / time_scale
+        self.t0 = t0
+        self.start_at: float | None = None
+        self.end_at: float | None = None
+        self.counts: list[float] = []
+        self.stopped_with: SteadyStateEstimate | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.start_at is not None and self.end_at is None
+
+    def start(self, t: float) -> None:
+        if self.start_at is None and self.end_at is None:
+            self.start_at = t
+
+    def end(self, t: float) -> None:
+        if self.end_at is None:
+            self.end_at = t
+
+    def add_tokens(self, t: float, n: float) -> None:
+        if not self.active or t < self.start_at:  # type: ignore[operator]
+            return
+        i = int((t - self.start_at) / self.window_wall_s)  # type: ignore[operator]
+        while len(self.counts) <= i:
+            self.counts.append(0.0)
+        self.counts[i] += n
+
+    def complete_windows(self, now: float) -> list[float]:
+        if self.start_at is None:
+            return []
+        horizon = now if self.end_at is None else min(now, self.end_at)
+        n = int((horizon - self.start_at) / self.window_wall_s)
+        return (self.counts + [0.0] * max(0, n - len(self.counts)))[:n]
+
+    def estimate(self, now: float) -> SteadyStateEstimate | None:
+        """Batch means over the complete windows so far.
+
+        The windows are grouped into ``k = max(min_windows, isqrt(n))`` batches of equal size (the
+        oldest leftover windows, nearest the ramp-up, are dropped). Growing batches keep the
+        interval honest both when windows are positively correlated (slow drifts) and when they are
+        negatively correlated (tokens stamped into a neighbouring window by client or network
+        jitter), which a fixed window length would not.
+        """
+        windows = self.complete_windows(now)
+        if len(windows) < 2 or self.start_at is None:
+            return None
+        k = min(len(windows), max(self.rule.min_windows, math.isqrt(len(windows))))
+        size = len(windows) // k
+        used = np.asarray(windows[len(windows) - k * size:], dtype=float)
+        rates = used.reshape(k, size).sum(axis=1) / (size * self.rule.window_s)  # tokens per server-time second
+        mean = float(np.mean(rates))
+        sd = float(np.std(rates, ddof=1))
+        t = _t_quantile(0.5 + self.rule.confidence / 2, k - 1)
+        return SteadyStateEstimate(
+            throughput=mean,
+            half_width=t * sd / math.sqrt(k),
+            windows=len(windows),
+            batches=k,
+            window_s=self.rule.window_s,
+            confidence=self.rule.confidence,
+            saturated_from_s=(self.start_at - self.t0) * self.time_scale,
+        )
+
+    def converged(self, now: float) -> SteadyStateEstimate | None:
+        est = self.estimate(now)
+        if est is None or est.batches < self.rule.min_windows or est.throughput <= 0:
+            return None
+        return est if est.rel_half_width <= self.rule.rel_tolerance else None
+
+
+# ----- server probing -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What the bench learned about the server before measuring."""
+
+    model: str
+    simulated: bool
+    time_scale: float
+    engine: str
+    sim_info: dict | None = None
+    sim_clock: SimClock | None = None
+
+
+DELIVERY_LAG_S = 0.05
+"""Wall seconds by which stamped simulator tokens may arrive after their time (its delivery quantum
+is 5 ms; the rest is margin for a loaded machine)."""
+
+
+@dataclass(frozen=True)
+class SimClock:
+    """Maps the simulator's token stamps (simulated seconds since it started) onto this host's
+    monotonic clock.
+
+    The simulator delivers tokens in batches (up to a few ms late) so it can run many times faster
+    than real time; each chunk carries the simulated time at which its tokens were produced. When
+    the simulator runs on this host (same boot id: CLOCK_MONOTONIC is shared), the bench times
+    token events by those stamps instead of by their arrival, so figures stay exact at any time
+    scale. On another host it falls back to arrival times.
+    """
+
+    monotonic_start: float
+    time_scale: float
+
+    def local(self, sim_t: float) -> float:
+        return self.monotonic_start + float(sim_t) / self.time_scale
+
+
+def _local_boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+async def _probe_server(session: aiohttp.ClientSession, base_url: str) -> ServerInfo:
+    url = f"{base_url}/v1/models"
+    timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
+    try:
+        async with session.get(url, timeout=timeout) as resp:
+            if resp.status != 200:
+                body = (await resp.text())[:300]
+                raise ServerUnreachableError(
+                    f"GET {url} answered HTTP {resp.status}: {body!r}; is this an OpenAI-compatible server "
+                    "(and is --api-key right)?"
+                )
+            header_sim = resp.headers.get(SIM_HEADER, "").lower() == "true"
+            models = await resp.json(content_type=None)
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+        raise ServerUnreachableError(
+            f"cannot reach the server at {base_url} (GET /v1/models: {type(e).__name__}: {e}); "
+            "start it or fix --base-url"
+        ) from None
+    except json.JSONDecodeError:
+        raise ServerUnreachableError(f"GET {url} did not return JSON; is this an OpenAI-compatible server?") from None
+    data = models.get("data") if isinstance(models, Mapping) else None
+    if not data or not isinstance(data, list) or not isinstance(data[0], Mapping) or "id" not in data[0]:
+        raise ServerUnreachableError(f"GET {url} lists no model ({models!r:.200}); is the engine fully started?")
+    model = str(data[0]["id"])
+    owned_by = str(data[0].get("owned_by") or "")
+
+    sim_info: dict | None = None
+    try:
+        async with session.get(f"{base_url}/sim/info", timeout=timeout) as resp:
+            if resp.status == 200:
+                got = await resp.json(content_type=None)
+                if isinstance(got, Mapping) and got.get("simulated"):
+                    sim_info = dict(got)
+    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, OSError):
+        pass
+    simulated = sim_info is not None or header_sim or owned_by == "simulator"
+    time_scale = 1.0
+    if sim_info is not None and sim_info.get("time_scale"):
+        time_scale = float(sim_info["time_scale"])
+    elif simulated:
+        text = await _get_metrics_text(session, base_url)
+        gauge = _parse_gauge(text, "sim_time_scale") if text else None
+        time_scale = gauge or 1.0
+    engine = "sim" if simulated else (owned_by or "unknown")
+    sim_clock = None
+    if (
+        sim_info is not None
+        and sim_info.get("monotonic_start") is not None
+        and sim_info.get("boot_id") is not None
+        and sim_info.get("boot_id") == _local_boot_id()
+    ):
+        sim_clock = SimClock(float(sim_info["monotonic_start"]), time_scale)
+    return ServerInfo(model=model, simulated=simulated, time_scale=time_scale, engine=engine, sim_info=sim_info,
+                      sim_clock=sim_clock)
+
+
+async def _get_metrics_text(session: aiohttp.ClientSession, base_url: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    try:
+        async with session.get(f"{base_url}/metrics", timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            if resp.status != 200:
+                return None
+            return await resp.text()
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        return None
+
+
+async def _scrape_spec_counters(
+    session: aiohttp.ClientSession, base_url: str, timeout_s: float = PROBE_TIMEOUT_S
+) -> dict[str, float] | None:
+    text = await _get_metrics_text(session, base_url, timeout_s)
+    if text is None:
+        return None
+    try:
+        return parse_spec_counters(text)
+    except Exception as e:  # noqa: BLE001 - a malformed page loses the accept length, not the run
+        logger.warning("could not parse %s/metrics: %s; accept length will be missing", base_url, e)
+        return None
+
+
+# ----- one request --------------------------------------------------------------------------------
+
+
+class _RequestState:
+    """Mutable progress of one in-flight request; frozen into a :class:`RequestOutput` at the end."""
+
+    __slots__ = ("index", "spec", "started_at", "ttft", "itl", "last_at", "tokens", "usage_tokens", "text_parts", "done")
+
+    def __init__(self, index: int, spec: RequestSpec) -> None:
+        self.index = index
+        self.spec = spec
+        self.started_at: float | None = None
+        self.ttft: float | None = None
+        self.itl: list[float] = []
+        self.last_at: float | None = None
+        self.tokens = 0.0
+        self.usage_tokens: int | None = None
+        self.text_parts: list[str] = []
+        self.done = False
+
+    def freeze(self, *, success: bool, kind: str | None, error: str, counter: TokenCounter, now: float) -> RequestOutput:
+        started = self.started_at if self.started_at is not None else now
+        if self.usage_tokens is not None:
+            out_len = self.usage_tokens
+        else:
+            out_len = counter.count_tokens("".join(self.text_parts)) if self.text_parts else 0
+        end = self.last_at if (success and self.last_at is not None) else now
+        return RequestOutput(
+            index=self.index,
+            success=success,
+            error_kind=kind,
+            error=error,
+            ttft=self.ttft,
+            itl=tuple(self.itl),
+            latency=end - started,
+            prompt_len=self.spec.prompt_len,
+            output_len=int(out_len),
+            started_at=started,
+            finished_at=now,
+            last_token_at=self.last_at,
+        )
+
+
+class _Hooks:
+    """Callbacks from a request to the run (saturation bookkeeping); no-ops for warm-up."""
+
+    def on_first_token(self, state: _RequestState, t: float) -> None:
+        pass
+
+    def on_tokens(self, t: float, n: float) -> None:
+        pass
+
+
+def _payload(w: Workload, model: str, spec: RequestSpec, max_tokens: int) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "temperature": w.temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": w.ignore_eos,
+    }
+    if w.api == "chat":
+        body["messages"] = [{"role": "user", "content": spec.prompt}]
+    else:
+        body["prompt"] = spec.prompt
+    return body
+
+
+def _chunk_text(obj: Mapping[str, Any], api: str) -> str:
+    choices = obj.get("choices") or []
+    if not choices or not isinstance(choices[0], Mapping):
+        return ""
+    c = choices[0]
+    if api == "chat":
+        delta = c.get("delta") or {}
+        return (delta.get("content") or "") + (delta.get("reasoning_content") or "")
+    return c.get("text") or ""
+
+
+async def _send(
+    session: aiohttp.ClientSession,
+    url: str,
+    w: Workload,
+    model: str,
+    state: _RequestState,
+    counter: TokenCounter,
+    hooks: _Hooks,
+    timeout: aiohttp.ClientTimeout,
+    max_tokens: int,
+    clock: SimClock | None = None,
+) -> RequestOutput:
+    """Send one streaming request; every failure becomes a :class:`RequestOutput` (cancellation
+    propagates: the caller records the partial state)."""
+    payload = _payload(w, model, state.spec, max_tokens)
+    state.started_at = time.monotonic()
+    got_done = False
+    try:
+        async with session.post(url, json=payload, timeout=timeout) as resp:
+            if resp.status != 200:
+                body = (await resp.text())[:500]
+                return state.freeze(success=False, kind=f"HTTP {resp.status}", error=body, counter=counter, now=time.monotonic())
+            async for raw in resp.content:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue  # blank separators, SSE comments / keep-alives, event: lines
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    got_done = True
+                    break
+                obj = json.loads(data)
+                if not isinstance(obj, Mapping):
+                    continue
+                if obj.get("error"):
+                    return state.freeze(
+                        success=False, kind="stream error", error=str(obj["error"])[:500], counter=counter, now=time.monotonic()
+                    )
+                usage = obj.get("usage")
+                prev_usage = state.usage_tokens
+                if isinstance(usage, Mapping) and usage.get("completion_tokens") is not None:
+                    state.usage_tokens = int(usage["completion_tokens"])
+                text = _chunk_text(obj, w.api)
+                if not text:
+                    continue
+                sim = obj.get("sim") if clock is not None else None
+                if isinstance(sim, Mapping) and sim.get("token_times"):
+                    # Simulator: one token event per engine step, at its simulated time (SimClock).
+                    if state.ttft is None and sim.get("arrival") is not None:
+                        state.started_at = clock.local(sim["arrival"])  # type: ignore[union-attr]
+                    events = [(clock.local(t), float(n)) for t, n in sim["token_times"]]  # type: ignore[union-attr]
+                else:
+                    now = time.monotonic()
+                    if state.usage_tokens is not None and prev_usage is not None and state.usage_tokens > prev_usage:
+                        n = float(state.usage_tokens - prev_usage)  # servers that report cumulative usage per chunk
+                    else:
+                        n = float(max(1, counter.count_tokens(text)))
+                    events = [(now, n)]
+                for now, n in events:
+                    if state.ttft is None:
+                        state.ttft = now - state.started_at
+                        hooks.on_first_token(state, now)
+                    else:
+                        state.itl.append(now - state.last_at)  # type: ignore[operator]
+                    state.last_at = now
+                    state.tokens += n
+                    hooks.on_tokens(now, n)
+                state.text_parts.append(text)
+    except asyncio.TimeoutError:
+        return state.freeze(
+            success=False, kind="timeout", error=f"no complete response within {timeout.total} s", counter=counter, now=time.monotonic()
+        )
+    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
+        return state.freeze(success=False, kind="connection", error=f"{type(e).__name__}: {e}", counter=counter, now=time.monotonic())
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as e:
+        return state.freeze(success=False, kind="bad response", error=f"{type(e).__name__}: {e}", counter=counter, now=time.monotonic())
+    except aiohttp.ClientError as e:
+        return state.freeze(success=False, kind="client error", error=f"{type(e).__name__}: {e}", counter=counter, now=time.monotonic())
+    if not got_done:
+        return state.freeze(
+            success=False, kind="incomplete stream", error="the stream ended without [DONE]", counter=counter, now=time.monotonic()
+        )
+    if state.ttft is None:
+        return state.freeze(success=False, kind="empty response", error="no text was streamed", counter=counter, now=time.monotonic())
+    return state.freeze(success=True, kind=None, error="", counter=counter, now=time.monotonic())
+
+
+# ----- the run ------------------------------------------------------------------------------------
+
+
+class _RunHooks(_Hooks):
+    """Saturation bookkeeping for the steady-state rule.
+
+    Saturated = the first wave (the first ``concurrency`` requests) all have their first token, and
+    requests are still waiting for a slot, so every slot stays busy. It ends when a request finishes
+    and nothing is left to take its slot (the drain at the end of a run).
+    """
+
+    def __init__(self, total: int, concurrency: int | None, tracker: _SteadyStateTracker | None) -> None:
+        self.total = total
+        self.concurrency = concurrency
+        self.tracker = tracker
+        self.started = 0
+        self.first_wave: set[int] = set()
+        self.first_wave_resolved = 0
+
+    def on_slot(self, state: _RequestState) -> None:
+        self.started += 1
+        if self.concurrency is not None and len(self.first_wave) < self.concurrency:
+            self.first_wave.add(state.index)
+
+    def _resolve_first_wave(self, state: _RequestState, t: float) -> None:
+        if state.index in self.first_wave:
+            self.first_wave.discard(state.index)
+            self.first_wave_resolved += 1
+            if (
+                self.tracker is not None
+                and self.concurrency is not None
+                and self.first_wave_resolved == self.concurrency
+                and self.started < self.total
+            ):
+                self.tracker.start(t)
+
+    def on_first_token(self, state: _RequestState, t: float) -> None:
+        self._resolve_first_wave(state, t)
+
+    def on_tokens(self, t: float, n: float) -> None:
+        if self.tracker is not None:
+            self.tracker.add_tokens(t, n)
+
+    def on_finish(self, state: _RequestState, t: float) -> None:
+        self._resolve_first_wave(state, t)
+        if self.tracker is not None and self.started >= self.total:
+            self.tracker.end(t)
+
+
+def _versions(info: ServerInfo) -> dict[str, str]:
+    try:
+        from importlib.metadata import version
+
+        ours = version("mtp-autotune")
+    except Exception:  # noqa: BLE001 - not installed (running from a checkout)
+        ours = "0.1.0+checkout"
+    out = {"mtp_autotune": ours, "python": platform.python_version(), "engine": info.engine}
+    if info.sim_info is not None:
+        out["sim_profile"] = str(info.sim_info.get("profile", "unknown"))
+    return out
+
+
+def _utc_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+async def run_benchmark(
+    base_url: str,
+    workload: Workload,
+    *,
+    model: str | None = None,
+    tokenizer: Any = None,
+    engine_config: EngineConfig | None = None,
+    steady_state: SteadyStateRule | None = None,
+    progress: BenchProgress | None = None,
+    request_timeout_s: float = 3600,
+    api_key: str | None = None,
+    num_draft_tokens: int | None = None,
+) -> BenchResult:
+    """Run ``workload`` against the server at ``base_url`` and measure it.
+
+    Args:
+        base_url: ``http://host:port`` of an OpenAI-compatible server.
+        workload: what to send.
+        model: model name in requests; ``None`` = the first model ``/v1/models`` lists.
+        tokenizer: token counter for prompts and outputs without usage (see :func:`build_requests`).
+        engine_config: the config the server runs (recorded; gives ``N`` for the accept length).
+        steady_state: stop early once steady-state output throughput is known (module docstring).
+        progress: event sink (e.g. :class:`~tuning.progress.RichProgress`); its errors are logged.
+        request_timeout_s: per-request wall-clock limit; a request over it fails as ``timeout``.
+        api_key: sent as ``Authorization: Bearer``.
+        num_draft_tokens: ``N`` for the accept length when no ``engine_config`` is given.
+
+    Raises:
+        ServerUnreachableError: ``GET /v1/models`` failed. Single request failures never raise.
+    """
+    base_url = base_url.rstrip("/")
+    sink = SafeProgress(progress)
+    counter = resolve_token_counter(tokenizer)
+    concurrency = workload.max_concurrency
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    connector = aiohttp.TCPConnector(limit=(concurrency or workload.num_prompts) + 8, limit_per_host=0)
+    session = aiohttp.ClientSession(
+        connector=connector,
+        headers=headers,
+        timeout=aiohttp.ClientTimeout(total=None),
+        read_bufsize=10 * 1024**2,  # long SSE lines under load (sglang does the same)
+    )
+    try:
+        info = await _probe_server(session, base_url)
+        model_name = model or info.model
+        specs = build_requests(workload, counter)
+        url = f"{base_url}/v1/chat/completions" if workload.api == "chat" else f"{base_url}/v1/completions"
+        req_timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=min(30.0, request_timeout_s))
+        if engine_config is not None and engine_config.speculative:
+            n_draft: int | None = engine_config.num_draft_tokens
+        else:
+            n_draft = num_draft_tokens
+
+        if workload.warmup_requests:
+            await _warm_up(session, url, workload, model_name, specs, counter, req_timeout)
+
+        before = await _scrape_spec_counters(session, base_url)
+        started_iso = _utc_iso()
+        sink.on_start(len(specs))
+        t0 = time.monotonic()
+        tracker = _SteadyStateTracker(steady_state, info.time_scale, t0) if steady_state is not None else None
+        outputs, t_end, early = await _dispatch_all(
+            session, url, workload, model_name, specs, counter, req_timeout, sink, tracker, concurrency,
+            info.sim_clock,
+        )
+        if info.sim_clock is not None:
+            # On the simulator's timeline: the run began when its first request arrived there and
+            # (unless stopped early) ended when it produced its last token, not when that was delivered.
+            t0 = min([o.started_at for o in outputs if o.ttft is not None], default=t0)
+            if not early:
+                stamps = [o.last_token_at for o in outputs if o.last_token_at is not None]
+                t_end = max(stamps, default=t_end)
+        after = await _scrape_spec_counters(session, base_url, min(PROBE_TIMEOUT_S, request_timeout_s))
+        finished_iso = _utc_iso()
+    finally:
+        await session.close()
+
+    delta: dict[str, float] = {}
+    if before is not None and after is not None:
+        delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in SPEC_COUNTER_NAMES if k in after}
+    estimate: SteadyStateEstimate | None = None
+    if tracker is not None:
+        estimate = tracker.stopped_with if early and tracker.stopped_with is not None else tracker.estimate(t_end)
+    result = _summarize(
+        outputs=outputs,
+        workload=workload,
+        duration_wall_s=t_end - t0,
+        info=info,
+        engine_config=engine_config,
+        spec_delta=delta,
+        n_draft=n_draft,
+        early=early,
+        estimate=estimate,
+        started_iso=started_iso,
+        finished_iso=finished_iso,
+    )
+    sink.on_complete(result)
+    return result
+
+
+async def _warm_up(
+    session: aiohttp.ClientSession,
+    url: str,
+    w: Workload,
+    model: str,
+    specs: list[RequestSpec],
+    counter: TokenCounter,
+    timeout: aiohttp.ClientTimeout,
+) -> None:
+    sem = asyncio.Semaphore(w.max_concurrency or w.warmup_requests)
+
+    async def one(i: int) -> RequestOutput:
+        spec = specs[i % len(specs)]
+        async with sem:
+            return await _send(
+                session, url, w, model, _RequestState(-1 - i, spec), counter, _Hooks(), timeout,
+                min(spec.output_len, WARMUP_MAX_OUTPUT_TOKENS),
+            )
+
+    results = await asyncio.gather(*(one(i) for i in range(w.warmup_requests)))
+    bad = [r for r in results if not r.success]
+    if bad:
+        logger.warning("%d of %d warm-up requests failed (first: %s %s)", len(bad), len(results), bad[0].error_kind, bad[0].error[:200])
+
+
+async def _dispatch_all(
+    session: aiohttp.ClientSession,
+    url: str,
+    w: Workload,
+    model: str,
+    specs: list[RequestSpec],
+    counter: TokenCounter,
+    timeout: aiohttp.ClientTimeout,
+    sink: SafeProgress,
+    tracker: _SteadyStateTracker | None,
+    concurrency: int | None,
+    clock: SimClock | None = None,
+) -> tuple[list[RequestOutput], float, bool]:
+    """Send every request (Poisson arrivals or all at once, at most ``concurrency`` in flight);
+    return the outputs in request order, the end time, and whether the steady-state rule stopped it."""
+    total = len(specs)
+    hooks = _RunHooks(total, concurrency, tracker)
+    sem = asyncio.Semaphore(concurrency) if concurrency is not None else None
+    states = [_RequestState(i, s) for i, s in enumerate(specs)]
+    outputs: list[RequestOutput | None] = [None] * total
+    all_done = asyncio.Event()
+    stop = asyncio.Event()
+    finished = 0
+
+    async def one(state: _RequestState) -> None:
+        nonlocal finished
+
+        async def go() -> None:
+            nonlocal finished
+            hooks.on_slot(state)
+            out = await _send(session, url, w, model, state, counter, hooks, timeout, state.spec.output_len, clock)
+            state.done = True
+            outputs[state.index] = out
+            now = time.monotonic()
+            hooks.on_finish(state, now)
+            finished += 1
+            sink.on_request_done(out)
+            if finished == total:
+                all_done.set()
+
+        if sem is None:
+            await go()
+        else:
+            async with sem:
+                await go()
+
+    tasks: list[asyncio.Task[None]] = []
+    arrival_rng = np.random.RandomState(w.seed)
+
+    async def dispatch() -> None:
+        for st in states:
+            tasks.append(asyncio.create_task(one(st)))
+            if not math.isinf(w.request_rate):
+                await asyncio.sleep(float(arrival_rng.exponential(1.0 / w.request_rate)))
+
+    async def monitor() -> None:
+        assert tracker is not None
+        while True:
+            await asyncio.sleep(tracker.window_wall_s)
+            # Stamped tokens are delivered up to a few ms after their time: judge only windows
+            # that closed at least DELIVERY_LAG_S ago.
+            now = time.monotonic() - (DELIVERY_LAG_S if clock is not None else 0.0)
+            est = tracker.converged(now)
+            if est is not None:
+                tracker.stopped_with = est  # the estimate the decision was made on is the one reported
+                stop.set()
+                return
+            if tracker.end_at is not None:
+                return  # saturation is over without convergence: the run completes in full
+
+    dispatcher = asyncio.create_task(dispatch())
+    watchers = [asyncio.create_task(all_done.wait()), asyncio.create_task(stop.wait())]
+    mon = asyncio.create_task(monitor()) if tracker is not None else None
+    try:
+        await asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        early = stop.is_set() and not all_done.is_set()
+        t_end = time.monotonic()
+        for t in [dispatcher, *watchers, *([mon] if mon else []), *tasks]:
+            if not t.done():
+                t.cancel()
+        await asyncio.gather(dispatcher, *watchers, *([mon] if mon else []), *tasks, return_exceptions=True)
+
+    final: list[RequestOutput] = []
+    for st, out in zip(states, outputs):
+        if out is None:  # cancelled by the early stop (or never dispatched)
+            out = st.freeze(success=False, kind="cancelled", error="stopped early: steady state reached", counter=counter, now=t_end)
+        final.append(out)
+    return final, t_end, early
+
+
+def _summarize(
+    *,
+    outputs: list[RequestOutput],
+    workload: Workload,
+    duration_wall_s: float,
+    info: ServerInfo,
+    engine_config: EngineConfig | None,
+    spec_delta: dict[str, float],
+    n_draft: int | None,
+    early: bool,
+    estimate: SteadyStateEstimate | None,
+    started_iso: str,
+    finished_iso: str,
+) -> BenchResult:
+    scale = info.time_scale
+    duration = max(duration_wall_s * scale, 1e-9)
+    completed = [o for o in outputs if o.success]
+    failed = [o for o in outputs if not o.success and not o.cancelled]
+    # Cancelled requests that started streaming contribute their received part to per-token figures.
+    partial = [o for o in outputs if o.cancelled and o.ttft is not None]
+    reasons: dict[str, int] = {}
+    for o in failed:
+        reasons[o.error_kind or "unknown"] = reasons.get(o.error_kind or "unknown", 0) + 1
+
+    total_in = sum(o.prompt_len for o in completed)
+    total_out = sum(o.output_len for o in completed)
+    ttfts = [o.ttft for o in completed + partial if o.ttft is not None]
+    tpots = [(o.latency - o.ttft) / (o.output_len - 1) for o in completed if o.output_len > 1 and o.ttft is not None]
+    for o in partial:
+        if o.last_token_at is not None and o.output_len > 1:
+            tpots.append((o.last_token_at - o.started_at - o.ttft) / (o.output_len - 1))  # type: ignore[operator]
+    itls = [g for o in completed + partial for g in o.itl]
+    e2es = [o.latency for o in completed]
+
+    output_throughput = total_out / duration
+    if early and estimate is not None:
+        output_throughput = estimate.throughput
+    input_throughput = total_in / duration
+    return BenchResult(
+        workload=workload.to_dict(),
+        engine_key=engine_config.key() if engine_config is not None else None,
+        engine_config=engine_config.to_dict() if engine_config is not None else None,
+        versions=_versions(info),
+        started_at=started_iso,
+        finished_at=finished_iso,
+        duration_s=duration,
+        completed=len(completed),
+        failed=len(failed),
+        failure_reasons=reasons,
+        request_throughput=len(completed) / duration,
+        input_throughput=input_throughput,
+        output_throughput=output_throughput,
+        total_token_throughput=input_throughput + output_throughput,
+        total_input_tokens=total_in,
+        total_output_tokens=total_out,
+        ttft_ms=compute_latency_stats(ttfts, scale),
+        tpot_ms=compute_latency_stats(tpots, scale),
+        itl_ms=compute_latency_stats(itls, scale),
+        e2e_ms=compute_latency_stats(e2es, scale),
+        accept_length=accept_length_from_counters(spec_delta, n_draft),
+        spec_counters=spec_delta,
+        simulated=info.simulated,
+        time_scale=scale,
+        early_stopped=early,
+        concurrency=workload.max_concurrency,
+        cancelled=sum(1 for o in outputs if o.cancelled),
+        steady_state=estimate.to_dict() if estimate is not None else None,
+    )
+
+
+def benchmark(base_url: str, workload: Workload, **kwargs: Any) -> BenchResult:
+    """Synchronous :func:`run_benchmark` (``asyncio.run``); same arguments."""
+    return asyncio.run(run_benchmark(base_url, workload, **kwargs))
+
+
+# ----- CLI ----------------------------------------------------------------------------------------
+
+SIM_PROFILE = "intern-s2-preview-8xh200"
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m tuning.bench",
+        description=(
+            "Benchmark an OpenAI-compatible LLM server like sglang.bench_serving (TTFT, ITL, TPOT, E2E, "
+            "throughput, MTP accept length). Without --base-url, starts the simulated engine and benchmarks it."
+        ),
+    )
+    a = p.add_argument
+    a("--base-url", help="server to benchmark, e.g. http://127.0.0.1:23333; omit to start a simulated engine (--sim)")
+    a("--sim", action="store_true", help="start a simulated engine (profile %s, tp 8, MTP with 3 draft tokens) and benchmark it; the default without --base-url" % SIM_PROFILE)
+    a("--sim-time-scale", type=float, default=20.0, help="simulated engine speed-up over real time (figures are reported in simulated time; default 20)")
+    a("--sim-no-mtp", action="store_true", help="start the simulated engine without speculative decoding (baseline)")
+    a("--sim-log-dir", default=None, help="folder for the simulated engine's log (default: a temporary folder)")
+    a("--backend-api", choices=["completions", "chat"], default="completions", help="endpoint: /v1/completions or /v1/chat/completions (default completions)")
+    a("--model", default=None, help="model name sent in requests (default: the first model GET /v1/models lists)")
+    a("--dataset", choices=["random", "sharegpt"], default="random", help="prompt source (default random: real text cut to drawn lengths)")
+    a("--dataset-path", default=None, help="ShareGPT JSON file (for --dataset sharegpt)")
+    a("--sharegpt-output-len", choices=["fixed", "dataset"], default="fixed", help="ShareGPT output length: --random-output-len for every request (fixed) or the gpt turn's length (dataset)")
+    a("--random-input-len", type=int, default=1024, help="max input tokens per request (random); max prompt length kept (sharegpt) (default 1024)")
+    a("--random-output-len", type=int, default=1024, help="max output tokens per request (default 1024)")
+    a("--random-range-ratio", type=float, default=0.5, help="lengths are drawn uniformly in [ratio*len, len] (default 0.5)")
+    a("--num-prompts", type=int, default=256, help="requests measured (default 256)")
+    a("--max-concurrency", type=int, default=64, help="requests in flight at most; 0 = unbounded (default 64)")
+    a("--request-rate", type=float, default=math.inf, help="Poisson arrival rate in requests/s; inf = all at once (default inf)")
+    a("--warmup-requests", type=int, default=1, help="requests sent before measuring, not counted (default 1)")
+    a("--temperature", type=float, default=0.0, help="sampling temperature (default 0)")
+    a("--ignore-eos", action=argparse.BooleanOptionalAction, default=True, help="generate exactly the requested output length (default on)")
+    a("--seed", type=int, default=0, help="seed of the dataset draw, prompt text and arrivals (default 0)")
+    a("--tokenizer", default=None, help="model dir or tokenizer.json to count tokens with (default: the simulator's word tokenizer)")
+    a("--num-draft-tokens", type=int, default=None, help="draft tokens per step N for the accept length (default: from the engine's counters)")
+    a("--steady-state-tolerance", type=float, default=None, help="stop early once steady-state output throughput is known within this relative 95%% CI half-width (e.g. 0.02); off by default")
+    a("--steady-state-window", type=float, default=5.0, help="steady-state window length in server seconds (default 5)")
+    a("--request-timeout", type=float, default=3600.0, help="per-request wall-clock timeout in seconds (default 3600)")
+    a("--name", default="", help="workload (bucket) name recorded in the result")
+    a("--output", default=None, help="write the BenchResult JSON to this file")
+    a("--api-key", default=None, help="sent as Authorization: Bearer KEY")
+    a("--quiet", action="store_true", help="no progress bar or summary table (the JSON still goes to --output)")
+    return p
+
+
+def _summary_table(result: BenchResult) -> Any:
+    from rich.table import Table
+
+    title = "Benchmark result"
+    if result.simulated:
+        title += f" — SIMULATED ENGINE (time scale {result.time_scale:g}; figures in simulated time)"
+    t = Table(title=title, show_header=True)
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    w = result.workload
+    rows: list[tuple[str, str]] = [
+        ("workload", f"{w['dataset']} in≤{w['input_len']} out≤{w['output_len']} ratio {w['range_ratio']} x{w['num_prompts']} conc {w['max_concurrency']}"),
+        ("completed / failed / cancelled", f"{result.completed} / {result.failed} / {result.cancelled}"),
+    ]
+    if result.failure_reasons:
+        rows.append(("failure reasons", ", ".join(f"{k}: {v}" for k, v in result.failure_reasons.items())))
+    rows += [
+        ("duration (s)", f"{result.duration_s:.2f}"),
+        ("request throughput (req/s)", f"{result.request_throughput:.2f}"),
+        ("input throughput (tok/s)", f"{result.input_throughput:.1f}"),
+        ("output throughput (tok/s)" + (" [steady state]" if result.early_stopped else ""), f"{result.output_throughput:.1f}"),
+        ("total token throughput (tok/s)", f"{result.total_token_throughput:.1f}"),
+        ("total input / output tokens", f"{result.total_input_tokens} / {result.total_output_tokens}"),
+    ]
+    for label, s in (("TTFT", result.ttft_ms), ("TPOT", result.tpot_ms), ("ITL", result.itl_ms), ("E2E", result.e2e_ms)):
+        rows.append((f"{label} mean / median / p99 (ms)", f"{s.mean:.2f} / {s.median:.2f} / {s.p99:.2f}"))
+    rows.append(("accept length", "n/a" if result.accept_length is None else f"{result.accept_length:.3f}"))
+    if result.steady_state:
+        ss = result.steady_state
+        rows.append(("steady-state throughput (tok/s)", f"{ss['throughput']:.1f} ± {ss['half_width']:.1f} ({ss['windows']} windows)"))
+    rows.append(("engine", f"{result.versions.get('engine')} {result.engine_key or ''}".strip()))
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns the exit code (2 when the server cannot be reached or inputs are invalid)."""
+    args = _build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    try:
+        workload = Workload(
+            dataset=args.dataset,
+            input_len=args.random_input_len,
+            output_len=args.random_output_len,
+            range_ratio=args.random_range_ratio,
+            num_prompts=args.num_prompts,
+            max_concurrency=args.max_concurrency or None,
+            request_rate=args.request_rate,
+            temperature=args.temperature,
+            seed=args.seed,
+            api=args.backend_api,
+            ignore_eos=args.ignore_eos,
+            warmup_requests=args.warmup_requests,
+            sharegpt_path=args.dataset_path,
+            sharegpt_output_len=args.sharegpt_output_len,
+            name=args.name,
+        )
+        rule = (
+            SteadyStateRule(rel_tolerance=args.steady_state_tolerance, window_s=args.steady_state_window)
+            if args.steady_state_tolerance is not None
+            else None
+        )
+        tokenizer = resolve_token_counter(args.tokenizer)
+    except OrchestratorError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    progress = None if args.quiet else RichProgress(description=workload.name or "benchmark", console=console)
+    kwargs: dict[str, Any] = dict(
+        model=args.model,
+        tokenizer=tokenizer,
+        steady_state=rule,
+        progress=progress,
+        request_timeout_s=args.request_timeout,
+        api_key=args.api_key,
+        num_draft_tokens=args.num_draft_tokens,
+    )
+    engine = None
+    try:
+        if args.base_url and not args.sim:
+            base_url = args.base_url
+        else:
+            engine, engine_config = _start_sim_engine(args, console)
+            base_url = engine.base_url
+            kwargs["engine_config"] = engine_config
+        result = benchmark(base_url, workload, **kwargs)
+    except ServerUnreachableError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OrchestratorError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if engine is not None:
+            engine.stop()
+
+    if args.output:
+        out = Path(args.output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(result.to_json() + "\n", encoding="utf-8")
+    if not args.quiet:
+        try:
+            Console().print(_summary_table(result))
+        except Exception:  # noqa: BLE001 - the display never fails the run
+            logger.exception("could not render the summary table")
+    if not args.output:
+        print(result.to_json())
+    return 0
+
+
+def _start_sim_engine(args: argparse.Namespace, console: Any) -> tuple[Any, EngineConfig]:
+    """Start the simulated engine for ``--sim`` (lazy imports: the engine package is optional here)."""
+    import tempfile
+
+    from orchestrator.config import EngineConfig
+    from orchestrator.engine import EngineProcess
+
+    spec = {} if args.sim_no_mtp else {"speculative_algorithm": "qwen3_5_mtp", "num_draft_tokens": 3}
+    config = EngineConfig(backend="sim", model=SIM_PROFILE, tp=8, **spec)
+    log_dir = args.sim_log_dir or tempfile.mkdtemp(prefix="bench-sim-")
+    engine = EngineProcess(config, sim_time_scale=args.sim_time_scale, log_dir=log_dir)
+    if not args.quiet:
+        console.print(f"starting the simulated engine ({config.label()}, time scale {args.sim_time_scale:g}); log in {log_dir}")
+    engine.start()
+    try:
+        engine.wait_until_ready()
+    except BaseException:
+        engine.stop()
+        raise
+    return engine, config
+
+
+if __name__ == "__main__":
+    # Re-import as ``tuning.bench`` so classes are shared with modules that import it.
+    from tuning.bench import main as _main
+
+    sys.exit(_main())
