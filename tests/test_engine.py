@@ -139,6 +139,10 @@ def test_hang_is_not_ready_and_stop_escalates_to_sigkill(tmp_log_dir: Path) -> N
     also ignores SIGTERM (its graceful shutdown waits on requests that never finish), so stop()
     must fall back to SIGKILL after its timeout."""
     with engine(tmp_log_dir, sim_fault="hang-after:50") as proc:  # 50 simulated s = 1 s at 50x
+        # Timed faults count from the first request.
+        req = urllib.request.Request(proc.base_url + "/v1/completions", headers={"Content-Type": "application/json"},
+                                     data=json.dumps({"prompt": "hi", "max_tokens": 2}).encode())
+        urllib.request.urlopen(req, timeout=10).close()
         deadline = time.monotonic() + 30
         while True:
             try:

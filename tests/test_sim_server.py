@@ -26,6 +26,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _post_completion(base: str, max_tokens: int = 4) -> None:
+    body = json.dumps({"prompt": "hello", "max_tokens": max_tokens}).encode()
+    req = urllib.request.Request(base + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 200
+
+
 def _get(url: str, timeout: float = 2.0) -> tuple[int, bytes, dict]:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
@@ -210,6 +217,9 @@ def test_crash_after_and_hang_after() -> None:
     try:
         crash.wait_ready()
         hang.wait_ready()
+        # Timed faults count from the first request (start-up time on a loaded machine varies).
+        for sim in (crash, hang):
+            _post_completion(sim.base)
         assert crash.proc.wait(15) == 137
         assert "crash-after" in crash.proc.stdout.read()
         time.sleep(0.3)

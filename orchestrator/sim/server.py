@@ -65,8 +65,10 @@ class SimEngine:
         self.epoch0 = time.time()  # simulated timestamps are epoch0 + simulated seconds
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._cursor: float | None = None  # simulated end of the last iteration while the loop is busy
         self._request_counter = 0
         self.hung = False
+        self.first_request = asyncio.Event()  # timed faults count from here (not from start-up)
         self.counters = dict(drafts=0, draft_tokens=0, accepted=0, generation_tokens=0, prompt_tokens=0,
                              requests=0, steps=0, late_steps=0)
         self.lateness_s = 0.0  # simulated seconds the loop fell behind its deadlines (overhead distortion)
@@ -78,6 +80,13 @@ class SimEngine:
 
     def sim_timestamp(self) -> float:
         return self.epoch0 + self.now()
+
+    def arrival_time(self) -> float:
+        """Simulated time a request arriving now joins the engine's timeline. When the loop has
+        fallen behind the wall clock (an overloaded host), that is the loop's own time, so no
+        request is ever stamped after tokens it could only have produced later."""
+        now = self.now()
+        return now if self._cursor is None else min(now, self._cursor)
 
     async def sleep_sim(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds) / self.time_scale)
@@ -104,6 +113,7 @@ class SimEngine:
         sched = self.scheduler
         c = self.counters
         cursor: float | None = None  # simulated end of the previous iteration while busy
+        self._cursor = None
         pending: dict[SimRequest, list[tuple[float, int]]] = {}
         finished: set[SimRequest] = set()
 
@@ -117,6 +127,7 @@ class SimEngine:
             if not sched.has_work() or self.hung:
                 flush()
                 self._wake.clear()
+                self._cursor = None
                 await self._wake.wait()
                 cursor = None
                 continue
@@ -125,7 +136,7 @@ class SimEngine:
             start = self.now() if cursor is None else cursor
             res = sched.step(start)
             end = start + res.duration
-            cursor = end
+            cursor = self._cursor = end
             c["steps"] += 1
             c["drafts"] += res.drafts
             c["draft_tokens"] += res.draft_tokens
@@ -152,9 +163,10 @@ class SimEngine:
         rid = uuid.uuid4().hex[:16]
         req_seed = seed if seed is not None else (self.seed * 1_000_003 + self._request_counter)
         req = make_request(self.model, rid, prompt_tokens, max_tokens, temperature=temperature,
-                           ignore_eos=ignore_eos, seed=req_seed, arrival_time=self.now())
+                           ignore_eos=ignore_eos, seed=req_seed, arrival_time=self.arrival_time())
         req.payload = asyncio.Queue()
         self.scheduler.add(req)
+        self.first_request.set()
         self.counters["requests"] += 1
         self.counters["prompt_tokens"] += req.prompt_tokens
         self._wake.set()
@@ -171,6 +183,10 @@ class SimEngine:
             "profile_notes": self.profile.notes,
             "model_name": self.model_name,
             "time_scale": self.time_scale,
+            # The simulated clock is (CLOCK_MONOTONIC - monotonic_start) * time_scale. A client on the
+            # same host (same boot_id) maps the chunks' ``sim.token_times`` onto its own monotonic clock.
+            "monotonic_start": self._wall0,
+            "boot_id": _boot_id(),
             "config": asdict(self.params),
             "engine": self.model.describe(),
             "simulated_time_s": round(self.now(), 6),
@@ -180,6 +196,14 @@ class SimEngine:
             "num_requests_running": self.scheduler.num_running,
             "num_requests_waiting": self.scheduler.num_waiting,
         }
+
+
+def _boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return None
 
 
 class _MetricsCollector:
@@ -415,13 +439,16 @@ def build_app(engine: SimEngine) -> web.Application:
 
 
 def fault_task(engine: SimEngine, spec: str) -> Any:
-    """Coroutine that carries out a timed fault (``crash-after:S``, ``hang-after:S``), or ``None``."""
+    """Coroutine that carries out a timed fault (``crash-after:S``, ``hang-after:S``: S simulated seconds
+    after the first request arrived), or ``None``."""
     kind, _, arg = spec.partition(":")
     if kind not in ("crash-after", "hang-after"):
         return None
     seconds = float(arg)
 
     async def run() -> None:
+        # Count from the first request, so a slow start-up on a loaded machine doesn't move the fault.
+        await engine.first_request.wait()
         await engine.sleep_sim(seconds)
         if kind == "crash-after":
             log.error("simulated fault crash-after:%s: engine process dies now (exit 137, like a SIGKILL/OOM kill)", arg)
