@@ -190,7 +190,9 @@ class EngineConfig:
         if self.backend is Backend.SIM:
             argv = [sys.executable, "-m", "orchestrator.sim", "--profile", self.model]
         else:
-            argv = ["lmdeploy", "serve", "api_server", self.model, "--backend", self.backend.value]
+            # ``python -m lmdeploy`` rather than the ``lmdeploy`` script: installs without console
+            # scripts (``pip --target``, some images) have the module but not the executable.
+            argv = [sys.executable, "-m", "lmdeploy", "serve", "api_server", self.model, "--backend", self.backend.value]
         argv += ["--server-name", host, "--server-port", str(port)]
         if served_model_name:
             argv += ["--model-name", served_model_name]

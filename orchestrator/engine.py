@@ -219,8 +219,9 @@ class EngineProcess:
                 )
             except FileNotFoundError as exc:
                 raise PreflightError(
-                    f"cannot start the engine: {argv[0]!r} not found ({exc}). Install LMDeploy on this "
-                    f"node: pip install 'lmdeploy>=0.14' (or the project's [gpu] extra)."
+                    f"cannot start the engine: {argv[0]!r} not found ({exc}). Check the Python "
+                    f"environment on this node and install LMDeploy there: pip install 'lmdeploy>=0.14' "
+                    f"(or the project's [gpu] extra)."
                 ) from None
         self._stopped = False
 

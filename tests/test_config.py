@@ -118,7 +118,7 @@ def test_configs_pickle() -> None:
 def test_pytorch_mtp_command() -> None:
     argv = EngineConfig(**MTP).command(host="127.0.0.1", port=23333, served_model_name="intern-s2")
     assert argv == [
-        "lmdeploy", "serve", "api_server", "/models/Intern-S2-Preview", "--backend", "pytorch",
+        sys.executable, "-m", "lmdeploy", "serve", "api_server", "/models/Intern-S2-Preview", "--backend", "pytorch",
         "--server-name", "127.0.0.1", "--server-port", "23333", "--model-name", "intern-s2",
         "--tp", "8", "--cache-max-entry-count", "0.85", "--max-batch-size", "256",
         "--session-len", "32768", "--max-prefill-token-num", "8192",
@@ -130,7 +130,7 @@ def test_turbomind_command_has_no_speculation_flags() -> None:
     config = EngineConfig(backend="turbomind", model="/m", tp=2, memory_fraction=0.9)
     argv = config.command(host="0.0.0.0", port=8000)
     assert argv == [
-        "lmdeploy", "serve", "api_server", "/m", "--backend", "turbomind",
+        sys.executable, "-m", "lmdeploy", "serve", "api_server", "/m", "--backend", "turbomind",
         "--server-name", "0.0.0.0", "--server-port", "8000",
         "--tp", "2", "--cache-max-entry-count", "0.9", "--max-prefill-token-num", "8192",
     ]
@@ -193,8 +193,8 @@ def _lmdeploy_parser():  # type: ignore[no-untyped-def]
 )
 def test_lmdeploy_api_server_parser_accepts_our_command(config: EngineConfig) -> None:
     argv = engine_argv(config, host="127.0.0.1", port=23333, served_model_name="served")
-    assert argv[:3] == ["lmdeploy", "serve", "api_server"]
-    args = _lmdeploy_parser().parse_args(argv[1:])
+    assert argv[:5] == [sys.executable, "-m", "lmdeploy", "serve", "api_server"]
+    args = _lmdeploy_parser().parse_args(argv[3:])
     assert args.model_path == config.model
     assert args.backend == config.backend.value
     assert (args.server_name, args.server_port, args.model_name) == ("127.0.0.1", 23333, "served")
