@@ -1,0 +1,199 @@
+"""LMDeploy 0.18 on a real GPU through :class:`orchestrator.engine.EngineProcess`: MTP on and off,
+greedy equality, the bench client's accept length against LMDeploy's counters, kill -9 detection
+and GPU memory released on stop.
+
+Skipped without a CUDA GPU, torch and LMDeploy (``tests/conftest.py``). The checkpoint is
+``$MTP_TEST_CHECKPOINT`` when set (e.g. the trained one from ``python -m tuning.checkpoint.train``),
+otherwise an oracle checkpoint of the default shape built here (its MTP head is always right, so
+the accept length must be ``1 + N``). The default shape matches the trained model's, so a test run
+also warms LMDeploy's kernel caches for it.
+
+The engines run with ``--language-model-only`` (LMDeploy builds Qwen3.5's vision tower otherwise)
+and a small KV share so they fit beside other work on the GPU. Both engines start once per module
+(cold start ~3 min on a fresh machine: TileLang/Triton compilation and CUDA-graph capture).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow, pytest.mark.timeout(1500)]
+
+NUM_DRAFT = 2
+PROMPT_COUNT = 8
+MAX_TOKENS = 128
+
+
+def _nvidia_apps() -> dict[int, float]:
+    """pid -> MiB of GPU memory for every compute process nvidia-smi lists."""
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, timeout=30, check=True).stdout
+    apps: dict[int, float] = {}
+    for line in out.strip().splitlines():
+        pid, mib = (x.strip() for x in line.split(","))
+        if pid.isdigit():
+            apps[int(pid)] = apps.get(int(pid), 0.0) + float(mib)
+    return apps
+
+
+def _gpu_pids_of_group(pgid: int) -> dict[int, float]:
+    mine = {}
+    for pid, mib in _nvidia_apps().items():
+        try:
+            if os.getpgid(pid) == pgid:
+                mine[pid] = mib
+        except ProcessLookupError:
+            continue
+    return mine
+
+
+def _counters(base_url: str) -> dict[str, float]:
+    from tuning.bench import parse_spec_counters
+
+    with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as r:
+        return parse_spec_counters(r.read().decode())
+
+
+def _complete(base_url: str, prompt: str, max_tokens: int) -> str:
+    body = json.dumps({"model": _model(base_url), "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                       "ignore_eos": True}).encode()
+    req = urllib.request.Request(f"{base_url}/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        return json.loads(r.read())["choices"][0]["text"]
+
+
+def _model(base_url: str) -> str:
+    with urllib.request.urlopen(f"{base_url}/v1/models", timeout=10) as r:
+        return json.loads(r.read())["data"][0]["id"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bool]:
+    """(checkpoint dir, is_oracle)."""
+    given = os.environ.get("MTP_TEST_CHECKPOINT")
+    if given:
+        return Path(given), False
+    from tuning.checkpoint.build import ModelShape, build_checkpoint
+
+    out = tmp_path_factory.mktemp("oracle_ckpt")
+    build_checkpoint(out, ModelShape(), oracle=True, tokenizer_bytes=2 << 20)
+    return out, True
+
+
+@pytest.fixture(scope="module")
+def prompts(checkpoint: tuple[Path, bool]) -> list[str]:
+    from tokenizers import Tokenizer
+
+    from tuning.checkpoint.build import collect_source_files, read_texts
+
+    tok = Tokenizer.from_file(str(checkpoint[0] / "tokenizer.json"))
+    texts = read_texts(collect_source_files(max_bytes=2 << 20, split="eval"))
+    out = []
+    for t in texts:
+        ids = tok.encode(t, add_special_tokens=False).ids
+        if len(ids) >= 200:
+            out.append(tok.decode(ids[:200]))
+        if len(out) == PROMPT_COUNT:
+            break
+    return out
+
+
+@pytest.fixture(scope="module")
+def engines(checkpoint: tuple[Path, bool], tmp_path_factory: pytest.TempPathFactory):
+    """{"off": EngineProcess, "mtp": EngineProcess}, started one after the other, stopped at the end."""
+    from orchestrator.config import EngineConfig
+    from orchestrator.engine import EngineProcess
+
+    log_dir = tmp_path_factory.mktemp("engine_logs")
+    base = EngineConfig(backend="pytorch", model=str(checkpoint[0]), memory_fraction=0.1, max_batch_size=16,
+                        extra_flags=("--language-model-only",))
+    procs = {"off": EngineProcess(base, log_dir=log_dir, ready_timeout_s=900),
+             "mtp": EngineProcess(base.replace(speculative_algorithm="qwen3_5_mtp", num_draft_tokens=NUM_DRAFT),
+                                  log_dir=log_dir, ready_timeout_s=900)}
+    try:
+        for name, proc in procs.items():
+            t0 = time.monotonic()
+            proc.start()
+            proc.wait_until_ready()
+            print(f"engine {name} ready in {time.monotonic() - t0:.0f} s: {' '.join(proc.argv)}")
+        yield procs
+    finally:
+        for proc in procs.values():
+            proc.stop()
+
+
+def test_greedy_output_identical_with_and_without_mtp(engines, prompts) -> None:
+    off = [_complete(engines["off"].base_url, p, MAX_TOKENS) for p in prompts]
+    mtp = [_complete(engines["mtp"].base_url, p, MAX_TOKENS) for p in prompts]
+    different = [i for i, (a, b) in enumerate(zip(off, mtp)) if a != b]
+    assert not different, f"{len(different)}/{len(prompts)} greedy outputs differ, first: {off[different[0]]!r} vs " \
+                          f"{mtp[different[0]]!r}"
+    assert any(off), "all outputs are empty"
+
+
+def test_bench_accept_length_equals_lmdeploy_counters(engines, checkpoint, prompts) -> None:
+    from tokenizers import Tokenizer
+
+    from tuning.bench import accept_length_from_counters, benchmark
+    from tuning.workload import HFTokenCounter, Workload
+
+    eng = engines["mtp"]
+    counter = HFTokenCounter(Tokenizer.from_file(str(checkpoint[0] / "tokenizer.json")), name="ckpt",
+                             corpus_text="\n".join(prompts))
+    wl = Workload(dataset="random", input_len=128, output_len=MAX_TOKENS, range_ratio=1.0, num_prompts=8,
+                  max_concurrency=8, temperature=0.0, ignore_eos=True, name="gpu-test")
+    before = _counters(eng.base_url)
+    result = benchmark(eng.base_url, wl, tokenizer=counter, engine_config=eng.config)
+    after = _counters(eng.base_url)
+    assert result.completed == 8 and result.failed == 0, result.failure_reasons
+    direct = accept_length_from_counters({k: after[k] - before.get(k, 0.0) for k in after}, NUM_DRAFT)
+    assert direct is not None and result.accept_length == pytest.approx(direct, abs=1e-9)
+    assert 1.0 <= result.accept_length <= 1 + NUM_DRAFT
+    if checkpoint[1]:  # oracle weights: every draft accepted
+        assert result.accept_length >= 1 + NUM_DRAFT - 0.05
+    # LMDeploy counts one draft event per verification step: draft tokens = N x drafts
+    delta = {k: after[k] - before.get(k, 0.0) for k in after}
+    assert delta["num_draft_tokens"] == pytest.approx(NUM_DRAFT * delta["num_drafts"])
+
+
+def test_no_spec_counters_without_mtp(engines, prompts) -> None:
+    eng = engines["off"]
+    before = _counters(eng.base_url)
+    _complete(eng.base_url, prompts[0], 16)
+    after = _counters(eng.base_url)
+    assert after.get("num_draft_tokens", 0.0) == before.get("num_draft_tokens", 0.0)
+
+
+def test_kill_9_detected_and_gpu_memory_freed(engines) -> None:
+    """kill -9 of the server process: check_health reports it dead; stop() then frees its GPU memory
+    (LMDeploy's engine process is a child in the same process group and survives the parent)."""
+    from orchestrator.errors import EngineDiedError
+
+    held = {name: _gpu_pids_of_group(proc.pid) for name, proc in engines.items()}
+    for name, pids in held.items():
+        assert pids and sum(pids.values()) > 1024, f"engine {name} holds no GPU memory per nvidia-smi: {pids}"
+    victim = engines["off"]
+    victim.check_health()
+    os.kill(victim.pid, signal.SIGKILL)
+    time.sleep(1.0)
+    with pytest.raises(EngineDiedError):
+        victim.check_health()
+    assert victim.returncode == -signal.SIGKILL
+    for proc in engines.values():
+        proc.stop()
+    deadline = time.monotonic() + 30
+    still: dict[int, float] = {}
+    while time.monotonic() < deadline:
+        apps = _nvidia_apps()
+        still = {pid: apps[pid] for pids in held.values() for pid in pids if pid in apps}
+        if not still:
+            break
+        time.sleep(1)
+    assert not still, f"GPU memory still held after stop by {still}"

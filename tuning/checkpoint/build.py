@@ -1,0 +1,517 @@
+"""Write a small Qwen3.5 checkpoint with one MTP layer, in the layout LMDeploy 0.18 loads.
+
+    python -m tuning.checkpoint.build OUT_DIR [--hidden 768 --layers 8 ...] [--oracle]
+
+What LMDeploy 0.18 needs (read from its ``pytorch/models/qwen3_5.py``, ``qwen3_5_mtp.py`` and
+``pytorch/configurations/qwen3_5.py``), and therefore what this module writes:
+
+- ``config.json``: ``architectures: ["Qwen3_5ForConditionalGeneration"]``, ``model_type: qwen3_5``, a
+  nested ``text_config`` (``model_type: qwen3_5_text``, ``layer_types``, ``linear_*`` shapes,
+  ``head_dim``, ``attn_output_gate``, ``rope_parameters`` whose ``mrope_section`` sums to
+  ``head_dim * partial_rotary_factor / 2``, ``mtp_num_hidden_layers``) and a ``vision_config``:
+  LMDeploy always builds the vision tower, so a one-block tower is written (serve with
+  ``--language-model-only``).
+- weights named as transformers' ``Qwen3_5ForConditionalGeneration`` (``model.language_model.*``,
+  ``model.visual.*``, ``lm_head.weight``) plus the MTP head ``mtp.fc``, ``mtp.norm``,
+  ``mtp.pre_fc_norm_embedding``, ``mtp.pre_fc_norm_hidden``, ``mtp.layers.0.*`` (one full-attention
+  decoder layer that shares ``embed_tokens`` and ``lm_head`` with the main model).
+- RMSNorm weights stored as ``w`` with scale ``1 + w`` (LMDeploy adds 1 on load for every
+  ``*layernorm``, ``q_norm``/``k_norm``, final and MTP norms); the gated norm inside the linear
+  attention (``linear_attn.norm``) is a plain scale and is stored as ones.
+- ``tokenizer.json`` (byte-level BPE trained on local Python sources), ``tokenizer_config.json`` with
+  a chat template, ``special_tokens_map.json``, ``generation_config.json``.
+
+``--oracle`` writes a constructed checkpoint whose MTP head always agrees with the target (every
+token-mixing output projection is zero and ``mtp.fc = [I | 0]``): acceptance 100 %, the upper bound.
+The default writes an initialisation for :mod:`tuning.checkpoint.train`.
+
+Needs torch, safetensors and tokenizers only, so the layout can be checked on a CPU machine.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+import sysconfig
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CHAT_TEMPLATE",
+    "CheckpointError",
+    "ModelShape",
+    "SPECIAL_TOKENS",
+    "TokenizerInfo",
+    "build_checkpoint",
+    "collect_source_files",
+    "is_eval_file",
+    "make_config",
+    "make_weights",
+    "mrope_section",
+    "train_tokenizer",
+    "write_checkpoint_files",
+]
+
+SPECIAL_TOKENS: tuple[str, ...] = (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>",
+    "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>",
+)
+"""Qwen-style special tokens; ids 0..8 in every tokenizer this module trains (they are added first)."""
+
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+"""ChatML, as Qwen models use: LMDeploy's chat endpoint renders it when the model name is unknown."""
+
+WEIGHTS_FILE = "model.safetensors"
+EVAL_FILE_MODULUS = 40
+"""One source file in this many (by a CRC of its relative path) is held out of tokenizer and model
+training; the acceptance prompts come from those files."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint shape or input is invalid; the message names the field and what is allowed."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The shape of the text model (and its MTP head).
+
+    Defaults give a ~60M-parameter model that trains to useful acceptance in ~3 minutes on one H200
+    and keeps LMDeploy's kernels on their supported paths: ``head_dim`` 128 or 256 (the FA3 build on
+    the lent H200 has only those), linear-attention head dims 128, GQA groups that divide evenly.
+    """
+
+    hidden_size: int = 768
+    num_layers: int = 8
+    vocab_size: int = 8192
+    intermediate_size: int = 2048
+    num_heads: int = 8
+    num_kv_heads: int = 2
+    head_dim: int = 128
+    linear_num_key_heads: int = 4
+    linear_num_value_heads: int = 8
+    linear_head_dim: int = 128
+    linear_conv_kernel: int = 4
+    full_attention_interval: int = 4
+    mtp_layers: int = 1
+    rope_theta: float = 10_000_000.0
+    partial_rotary_factor: float = 0.25
+    max_position_embeddings: int = 32768
+    rms_norm_eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        def positive(name: str, lo: int = 1, hi: int = 1 << 20) -> None:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+                raise CheckpointError(f"{name}={value!r} is out of range; allowed: integers {lo}..{hi}")
+
+        for name in ("hidden_size", "num_layers", "intermediate_size", "num_heads", "num_kv_heads",
+                     "linear_num_key_heads", "linear_num_value_heads", "full_attention_interval"):
+            positive(name)
+        positive("vocab_size", 512, 1 << 18)
+        positive("linear_conv_kernel", 2, 8)
+        positive("mtp_layers", 1, 4)
+        if self.head_dim not in (64, 128, 256):
+            raise CheckpointError(f"head_dim={self.head_dim} is not supported; allowed: 64, 128, 256 "
+                                  "(the FlashAttention-3 build on the lent H200 has 128 and 256 only)")
+        if self.linear_head_dim not in (64, 128, 256):
+            raise CheckpointError(f"linear_head_dim={self.linear_head_dim}; allowed: 64, 128, 256")
+        if self.num_heads % self.num_kv_heads:
+            raise CheckpointError(f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}")
+        if self.linear_num_value_heads % self.linear_num_key_heads:
+            raise CheckpointError(f"linear_num_value_heads={self.linear_num_value_heads} must be a multiple of "
+                                  f"linear_num_key_heads={self.linear_num_key_heads}")
+        if "full_attention" not in self.layer_types():
+            raise CheckpointError(f"num_layers={self.num_layers} with full_attention_interval="
+                                  f"{self.full_attention_interval} has no full-attention layer; LMDeploy needs at "
+                                  "least one (use num_layers >= full_attention_interval)")
+        rotary = self.head_dim * self.partial_rotary_factor
+        if rotary != int(rotary) or int(rotary) % 2:
+            raise CheckpointError(f"head_dim * partial_rotary_factor = {rotary} must be an even integer")
+
+    def layer_types(self) -> list[str]:
+        """Every ``full_attention_interval``-th layer is full attention, the rest gated delta-net
+        (transformers' default rule for Qwen3.5)."""
+        k = self.full_attention_interval
+        return ["full_attention" if (i + 1) % k == 0 else "linear_attention" for i in range(self.num_layers)]
+
+    @classmethod
+    def from_text_config(cls, text: dict[str, Any]) -> ModelShape:
+        """The shape of an existing checkpoint (inverse of :func:`make_config`)."""
+        rope = text.get("rope_parameters") or {}
+        return cls(hidden_size=text["hidden_size"], num_layers=text["num_hidden_layers"],
+                   vocab_size=text["vocab_size"], intermediate_size=text["intermediate_size"],
+                   num_heads=text["num_attention_heads"], num_kv_heads=text["num_key_value_heads"],
+                   head_dim=text["head_dim"], linear_num_key_heads=text["linear_num_key_heads"],
+                   linear_num_value_heads=text["linear_num_value_heads"],
+                   linear_head_dim=text["linear_key_head_dim"], linear_conv_kernel=text["linear_conv_kernel_dim"],
+                   full_attention_interval=text.get("full_attention_interval", 4),
+                   mtp_layers=text.get("mtp_num_hidden_layers", 1),
+                   rope_theta=float(rope.get("rope_theta", 10_000_000.0)),
+                   partial_rotary_factor=float(rope.get("partial_rotary_factor", 0.25)),
+                   max_position_embeddings=text.get("max_position_embeddings", 32768),
+                   rms_norm_eps=text.get("rms_norm_eps", 1e-6))
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    vocab_size: int
+    special_ids: dict[str, int]
+
+
+# ----- corpus -------------------------------------------------------------------------------------
+def default_source_roots() -> list[Path]:
+    """Python sources that exist on every machine this runs on: the standard library, plus torch's
+    and transformers' own sources when installed (much more code, so the model sees more text)."""
+    roots = [Path(sysconfig.get_paths()["stdlib"])]
+    for name in ("torch", "transformers"):
+        try:
+            import importlib.util
+
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None and spec.origin:
+            roots.append(Path(spec.origin).parent)
+    return roots
+
+
+def is_eval_file(relative_path: str) -> bool:
+    """Held-out split by a stable hash of the path: the same files on every run and machine."""
+    return zlib.crc32(relative_path.encode()) % EVAL_FILE_MODULUS == 0
+
+
+def collect_source_files(roots: Sequence[Path] | None = None, *, max_bytes: int = 64 << 20,
+                         split: str = "train", max_file_bytes: int = 400_000) -> list[Path]:
+    """``*.py`` files under ``roots`` in a deterministic order, up to ``max_bytes`` in total.
+
+    Args:
+        split: ``train`` (files not held out), ``eval`` (held-out files) or ``all``.
+        max_file_bytes: larger files (generated tables, vendored blobs) are skipped.
+    """
+    if split not in ("train", "eval", "all"):
+        raise CheckpointError(f"split={split!r}; allowed: train, eval, all")
+    files: list[Path] = []
+    total = 0
+    for root in roots if roots is not None else default_source_roots():
+        root = Path(root)
+        if not root.is_dir():
+            raise CheckpointError(f"source root {root} is not a directory; pass --text-root DIR with .py files")
+        for path in _python_files(root):
+            try:
+                size = path.stat().st_size
+            except OSError:
+                continue
+            if size == 0 or size > max_file_bytes:
+                continue
+            held_out = is_eval_file(f"{root.name}/{path.relative_to(root).as_posix()}")
+            if (split == "train" and held_out) or (split == "eval" and not held_out):
+                continue
+            files.append(path)
+            total += size
+            if total >= max_bytes:
+                return files
+    if not files:
+        raise CheckpointError(f"no .py files found under {[str(r) for r in roots or []]}")
+    return files
+
+
+_SKIP_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__", ".git"})
+
+
+def _python_files(root: Path) -> Iterable[Path]:
+    """``*.py`` under ``root`` in sorted order, not descending into installed-package folders (a
+    virtualenv's stdlib folder holds every installed package; those are separate roots here)."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
+        for name in sorted(filenames):
+            if name.endswith(".py"):
+                yield Path(dirpath) / name
+
+
+def read_texts(files: Iterable[Path]) -> list[str]:
+    texts = []
+    for f in files:
+        try:
+            texts.append(f.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, OSError):
+            continue
+    return texts
+
+
+# ----- tokenizer ----------------------------------------------------------------------------------
+def train_tokenizer(out_dir: Path, files: Sequence[Path], vocab_size: int) -> TokenizerInfo:
+    """Byte-level BPE (GPT-2/Qwen style pre-tokenisation) trained on ``files``; writes
+    ``tokenizer.json``, ``tokenizer_config.json`` (with the chat template) and
+    ``special_tokens_map.json``. Deterministic for the same files."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=list(SPECIAL_TOKENS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train([str(f) for f in files], trainer)
+    tok.save(str(out_dir / "tokenizer.json"))
+    ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
+    added = {str(i): dict(content=t, lstrip=False, normalized=False, rstrip=False, single_word=False, special=True)
+             for t, i in ids.items()}
+    tok_cfg = dict(tokenizer_class="PreTrainedTokenizerFast", model_max_length=32768, bos_token=None,
+                   eos_token="<|im_end|>", pad_token="<|endoftext|>", unk_token=None, add_bos_token=False,
+                   added_tokens_decoder=added, chat_template=CHAT_TEMPLATE, clean_up_tokenization_spaces=False)
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
+    (out_dir / "special_tokens_map.json").write_text(
+        json.dumps(dict(eos_token="<|im_end|>", pad_token="<|endoftext|>"), indent=2))
+    return TokenizerInfo(vocab_size=tok.get_vocab_size(), special_ids=ids)
+
+
+# ----- config -------------------------------------------------------------------------------------
+def mrope_section(head_dim: int, partial_rotary_factor: float) -> list[int]:
+    """Split the rotary half-dimension into (t, h, w) sections, largest first, summing exactly to
+    ``head_dim * partial_rotary_factor / 2`` as LMDeploy's rotary builder requires
+    (256 -> [11, 11, 10] as in released Qwen3.5; 128 -> [6, 5, 5])."""
+    half = int(head_dim * partial_rotary_factor) // 2
+    base, rem = divmod(half, 3)
+    return [base + 1 if i < rem else base for i in range(3)]
+
+
+def make_config(shape: ModelShape, vocab_size: int, special_ids: dict[str, int]) -> dict[str, Any]:
+    """``config.json`` content for ``Qwen3_5ForConditionalGeneration`` (text + tiny vision tower)."""
+    text = dict(
+        model_type="qwen3_5_text", vocab_size=vocab_size, hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size, num_hidden_layers=shape.num_layers,
+        full_attention_interval=shape.full_attention_interval, layer_types=shape.layer_types(),
+        num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_kv_heads, head_dim=shape.head_dim,
+        attn_output_gate=True, attention_bias=False, attention_dropout=0.0,
+        linear_conv_kernel_dim=shape.linear_conv_kernel, linear_key_head_dim=shape.linear_head_dim,
+        linear_value_head_dim=shape.linear_head_dim, linear_num_key_heads=shape.linear_num_key_heads,
+        linear_num_value_heads=shape.linear_num_value_heads,
+        hidden_act="silu", rms_norm_eps=shape.rms_norm_eps, max_position_embeddings=shape.max_position_embeddings,
+        initializer_range=0.02,
+        rope_parameters=dict(rope_type="default", rope_theta=shape.rope_theta,
+                             partial_rotary_factor=shape.partial_rotary_factor,
+                             mrope_section=mrope_section(shape.head_dim, shape.partial_rotary_factor),
+                             mrope_interleaved=True),
+        mtp_num_hidden_layers=shape.mtp_layers, mtp_use_dedicated_embeddings=False,
+        tie_word_embeddings=False, use_cache=True, dtype="bfloat16",
+        bos_token_id=None, eos_token_id=special_ids["<|im_end|>"], pad_token_id=special_ids["<|endoftext|>"],
+    )
+    vision = dict(model_type="qwen3_5", depth=1, hidden_size=64, hidden_act="gelu_pytorch_tanh",
+                  intermediate_size=128, num_heads=2, in_channels=3, patch_size=16, spatial_merge_size=2,
+                  temporal_patch_size=2, out_hidden_size=shape.hidden_size, num_position_embeddings=64,
+                  deepstack_visual_indexes=[], initializer_range=0.02)
+    return dict(architectures=["Qwen3_5ForConditionalGeneration"], model_type="qwen3_5",
+                text_config=text, vision_config=vision,
+                image_token_id=special_ids["<|image_pad|>"], video_token_id=special_ids["<|video_pad|>"],
+                vision_start_token_id=special_ids["<|vision_start|>"],
+                vision_end_token_id=special_ids["<|vision_end|>"],
+                tie_word_embeddings=False, dtype="bfloat16", transformers_version="5.17.0")
+
+
+# ----- weights ------------------------------------------------------------------------------------
+def make_weights(config: dict[str, Any], *, oracle: bool = False, seed: int = 0) -> dict[str, Any]:
+    """Initial (or oracle) bf16 tensors keyed by checkpoint name.
+
+    Initialisation follows transformers' Qwen3.5 (normal(0, 0.02) matrices, zero-centred RMSNorm
+    weights, ``dt_bias`` ones, ``A_log`` = log U(1, 16)) with output projections scaled by
+    ``1/sqrt(2 * layers)`` so a deeper stack starts stable. In ``oracle`` mode no layer mixes tokens
+    (output projections zero), so both the target and the MTP head compute
+    ``lm_head(rmsnorm(embed(token)))`` of the same token and every draft is accepted.
+    """
+    import torch
+
+    t = config["text_config"]
+    gen = torch.Generator().manual_seed(seed)
+    bf16 = torch.bfloat16
+    H, I, V = t["hidden_size"], t["intermediate_size"], t["vocab_size"]
+    nh, nkv, hd = t["num_attention_heads"], t["num_key_value_heads"], t["head_dim"]
+    nk, nv = t["linear_num_key_heads"], t["linear_num_value_heads"]
+    dk, dv, K = t["linear_key_head_dim"], t["linear_value_head_dim"], t["linear_conv_kernel_dim"]
+    conv_dim = 2 * nk * dk + nv * dv
+    out_std = 0.02 / math.sqrt(2 * t["num_hidden_layers"])
+
+    def normal(*shape: int, std: float = 0.02) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen) * std).to(bf16)
+
+    def zeros(*shape: int) -> torch.Tensor:
+        return torch.zeros(*shape, dtype=bf16)
+
+    def ones(*shape: int) -> torch.Tensor:
+        return torch.ones(*shape, dtype=bf16)
+
+    def out_proj(*shape: int) -> torch.Tensor:
+        return zeros(*shape) if oracle else normal(*shape, std=out_std)
+
+    def full_attention(p: str) -> dict[str, torch.Tensor]:
+        return {
+            f"{p}.self_attn.q_proj.weight": normal(nh * hd * 2, H),  # query and output gate, per head
+            f"{p}.self_attn.k_proj.weight": normal(nkv * hd, H),
+            f"{p}.self_attn.v_proj.weight": normal(nkv * hd, H),
+            f"{p}.self_attn.o_proj.weight": out_proj(H, nh * hd),
+            f"{p}.self_attn.q_norm.weight": zeros(hd),
+            f"{p}.self_attn.k_norm.weight": zeros(hd),
+        }
+
+    def linear_attention(p: str) -> dict[str, torch.Tensor]:
+        a = torch.empty(nv).uniform_(1, 16, generator=gen)
+        return {
+            f"{p}.linear_attn.in_proj_qkv.weight": normal(conv_dim, H),
+            f"{p}.linear_attn.in_proj_z.weight": normal(nv * dv, H),
+            f"{p}.linear_attn.in_proj_b.weight": normal(nv, H),
+            f"{p}.linear_attn.in_proj_a.weight": normal(nv, H),
+            f"{p}.linear_attn.conv1d.weight": normal(conv_dim, 1, K, std=1 / math.sqrt(K)),
+            f"{p}.linear_attn.dt_bias": ones(nv),
+            f"{p}.linear_attn.A_log": torch.log(a).to(bf16),
+            f"{p}.linear_attn.norm.weight": ones(dv),  # gated RMSNorm: plain scale, not 1 + w
+            f"{p}.linear_attn.out_proj.weight": out_proj(H, nv * dv),
+        }
+
+    def mlp_and_norms(p: str) -> dict[str, torch.Tensor]:
+        return {
+            f"{p}.mlp.gate_proj.weight": normal(I, H),
+            f"{p}.mlp.up_proj.weight": normal(I, H),
+            f"{p}.mlp.down_proj.weight": out_proj(H, I),
+            f"{p}.input_layernorm.weight": zeros(H),
+            f"{p}.post_attention_layernorm.weight": zeros(H),
+        }
+
+    w: dict[str, torch.Tensor] = {}
+    lm = "model.language_model"
+    w[f"{lm}.embed_tokens.weight"] = normal(V, H, std=1.0 if oracle else 0.02)
+    w[f"{lm}.norm.weight"] = zeros(H)
+    w["lm_head.weight"] = normal(V, H, std=1.0 if oracle else 0.02)
+    for i, kind in enumerate(t["layer_types"]):
+        p = f"{lm}.layers.{i}"
+        w.update(full_attention(p) if kind == "full_attention" else linear_attention(p))
+        w.update(mlp_and_norms(p))
+    w.update(_vision_weights(config["vision_config"], normal, zeros, ones))
+    for j in range(t["mtp_num_hidden_layers"]):
+        w.update(full_attention(f"mtp.layers.{j}"))
+        w.update(mlp_and_norms(f"mtp.layers.{j}"))
+    w["mtp.norm.weight"] = zeros(H)
+    w["mtp.pre_fc_norm_embedding.weight"] = zeros(H)
+    w["mtp.pre_fc_norm_hidden.weight"] = zeros(H)
+    if oracle:  # fc([emb; hidden]) = emb: the MTP head sees only the token it is given
+        w["mtp.fc.weight"] = torch.cat([torch.eye(H), torch.zeros(H, H)], dim=1).to(bf16)
+    else:
+        w["mtp.fc.weight"] = normal(H, 2 * H)
+    return {k: v.contiguous() for k, v in w.items()}
+
+
+def _vision_weights(v: dict[str, Any], normal, zeros, ones) -> dict[str, Any]:  # noqa: ANN001 (local helpers)
+    """A tower with the names and shapes of transformers' ``Qwen3_5VisionModel`` (never run here)."""
+    vh, vi, vo = v["hidden_size"], v["intermediate_size"], v["out_hidden_size"]
+    merged = vh * v["spatial_merge_size"] ** 2
+    p = "model.visual"
+    w = {
+        f"{p}.patch_embed.proj.weight": normal(vh, v["in_channels"], v["temporal_patch_size"], v["patch_size"],
+                                               v["patch_size"]),
+        f"{p}.patch_embed.proj.bias": zeros(vh),
+        f"{p}.pos_embed.weight": normal(v["num_position_embeddings"], vh),
+        f"{p}.merger.norm.weight": ones(vh), f"{p}.merger.norm.bias": zeros(vh),
+        f"{p}.merger.linear_fc1.weight": normal(merged, merged), f"{p}.merger.linear_fc1.bias": zeros(merged),
+        f"{p}.merger.linear_fc2.weight": normal(vo, merged), f"{p}.merger.linear_fc2.bias": zeros(vo),
+    }
+    for b in range(v["depth"]):
+        q = f"{p}.blocks.{b}"
+        w.update({
+            f"{q}.norm1.weight": ones(vh), f"{q}.norm1.bias": zeros(vh),
+            f"{q}.norm2.weight": ones(vh), f"{q}.norm2.bias": zeros(vh),
+            f"{q}.attn.qkv.weight": normal(3 * vh, vh), f"{q}.attn.qkv.bias": zeros(3 * vh),
+            f"{q}.attn.proj.weight": normal(vh, vh), f"{q}.attn.proj.bias": zeros(vh),
+            f"{q}.mlp.linear_fc1.weight": normal(vi, vh), f"{q}.mlp.linear_fc1.bias": zeros(vi),
+            f"{q}.mlp.linear_fc2.weight": normal(vh, vi), f"{q}.mlp.linear_fc2.bias": zeros(vh),
+        })
+    return w
+
+
+def save_weights(out_dir: Path, weights: dict[str, Any]) -> None:
+    """One safetensors file (``format: pt`` metadata, as transformers writes)."""
+    from safetensors.torch import save_file
+
+    save_file(weights, str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
+
+
+def write_checkpoint_files(out_dir: Path, config: dict[str, Any], special_ids: dict[str, int]) -> None:
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    gen = dict(eos_token_id=[special_ids["<|im_end|>"], special_ids["<|endoftext|>"]],
+               pad_token_id=special_ids["<|endoftext|>"], do_sample=False)
+    (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2))
+
+
+def build_checkpoint(out_dir: str | os.PathLike[str], shape: ModelShape = ModelShape(), *, oracle: bool = False,
+                     seed: int = 0, text_roots: Sequence[Path] | None = None,
+                     tokenizer_bytes: int = 16 << 20) -> dict[str, Any]:
+    """Write a complete checkpoint into ``out_dir``; return its ``config.json`` content.
+
+    The vocabulary is padded up to a multiple of 64 (kernel-friendly); the padded rows are never
+    produced by the tokenizer.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files = collect_source_files(text_roots, max_bytes=tokenizer_bytes, split="train")
+    tok = train_tokenizer(out, files, shape.vocab_size)
+    vocab = max(shape.vocab_size, (tok.vocab_size + 63) // 64 * 64)
+    config = make_config(shape, vocab, tok.special_ids)
+    write_checkpoint_files(out, config, tok.special_ids)
+    save_weights(out, make_weights(config, oracle=oracle, seed=seed))
+    return config
+
+
+def _shape_args(ap: argparse.ArgumentParser) -> None:
+    d = ModelShape()
+    ap.add_argument("--hidden", type=int, default=d.hidden_size, help="hidden size")
+    ap.add_argument("--layers", type=int, default=d.num_layers, help="decoder layers (every 4th full attention)")
+    ap.add_argument("--vocab", type=int, default=d.vocab_size, help="BPE vocabulary size (padded to x64)")
+    ap.add_argument("--inter", type=int, default=d.intermediate_size, help="MLP intermediate size")
+    ap.add_argument("--heads", type=int, default=d.num_heads)
+    ap.add_argument("--kv-heads", type=int, default=d.num_kv_heads)
+    ap.add_argument("--head-dim", type=int, default=d.head_dim)
+    ap.add_argument("--lin-k-heads", type=int, default=d.linear_num_key_heads)
+    ap.add_argument("--lin-v-heads", type=int, default=d.linear_num_value_heads)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--text-root", action="append", type=Path, default=None,
+                    help="folder of .py files for the tokenizer (repeatable; default: stdlib + torch + transformers)")
+    ap.add_argument("--tokenizer-bytes", type=int, default=16 << 20, help="source bytes to train the BPE on")
+
+
+def shape_from_args(a: argparse.Namespace) -> ModelShape:
+    return ModelShape(hidden_size=a.hidden, num_layers=a.layers, vocab_size=a.vocab, intermediate_size=a.inter,
+                      num_heads=a.heads, num_kv_heads=a.kv_heads, head_dim=a.head_dim,
+                      linear_num_key_heads=a.lin_k_heads, linear_num_value_heads=a.lin_v_heads)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tuning.checkpoint.build", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out_dir", type=Path)
+    _shape_args(ap)
+    ap.add_argument("--oracle", action="store_true",
+                    help="constructed weights whose MTP head is always right (100%% acceptance)")
+    a = ap.parse_args(argv)
+    try:
+        shape = shape_from_args(a)
+        config = build_checkpoint(a.out_dir, shape, oracle=a.oracle, seed=a.seed, text_roots=a.text_root,
+                                  tokenizer_bytes=a.tokenizer_bytes)
+    except CheckpointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    t = config["text_config"]
+    print(f"wrote {a.out_dir}: {'oracle' if a.oracle else 'initial'} weights, vocab {t['vocab_size']}, "
+          f"layers {t['layer_types']}, shape {dataclasses.asdict(shape)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
