@@ -1,0 +1,291 @@
+"""``python -m orchestrator.deploy``: serve a routing table with Ray Serve, or write the Serve config.
+
+Deploy (imperative, zero-drop update)::
+
+    python -m orchestrator.deploy --routing-table results/routing.json [--address auto] \\
+        [--scale le1024=1:4:32] [--scaling scaling.yaml] [--api-key-file keys.txt]
+
+Write a config for ``serve deploy`` (declarative)::
+
+    python -m orchestrator.deploy --routing-table results/routing.json --write-serve-config serve.yaml
+    serve deploy serve.yaml
+
+The table is loaded and validated first; an invalid table, scaling or argument exits with status 2
+before anything on the cluster is touched, and the running application stays as it was.
+
+Updating a running app goes in three ``serve.run`` steps, so neither in-flight nor new requests are
+dropped even when every engine config changes:
+
+1. *add*: the running router (rebuilt from its own spec, which it reports) plus the old **and** new
+   engine deployments; new engines load while the old router keeps serving. Returns once they are up.
+2. *switch*: the new router (new table) plus old and new engines. Serve starts the new router replicas
+   before stopping old ones (``max_surge_percent``); old router replicas drain their streams.
+3. *remove*: the new router and only the new engines. Serve drains the removed engines' in-flight
+   requests (``graceful_shutdown_timeout_s``) before stopping them and their engine processes.
+
+Engines whose config is in both tables keep running through all three steps (same deployment name
+and version). ``serve deploy`` with a changed config instead rebuilds everything at once: in-flight
+requests still finish, but new requests may fall back or get 503 while new engines load.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from orchestrator.errors import ConfigError, OrchestratorError
+
+__all__ = ["DeployResult", "deploy", "main", "serve_config", "write_serve_config"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_APP_NAME = "mtp-router"
+
+
+@dataclass(frozen=True)
+class DeployResult:
+    app_name: str
+    table_version: int
+    engine_deployments: tuple[str, ...]
+    steps: tuple[str, ...] = field(default=())
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+
+
+def deploy(
+    args: Any,
+    *,
+    app_name: str = DEFAULT_APP_NAME,
+    route_prefix: str = "/",
+) -> DeployResult:
+    """Deploy (or update to) the table in ``args`` on the connected Ray cluster.
+
+    Raises:
+        ConfigError / RoutingTableError: invalid args or table — nothing was changed.
+    """
+    from ray import serve
+
+    from orchestrator.serve.app import AppArgs, build_app, load_table, router_spec
+    from orchestrator.serve.router import RouterSpec
+    from tuning.routing import parse
+
+    args = AppArgs.parse(args)
+    table = load_table(args)
+    build_app(args, table=table)  # validates every option; builds no actors
+    new_engines = table.distinct_configs()
+
+    old_spec = _running_router_spec(app_name)
+    if old_spec is None:
+        serve.run(build_app(args, table=table), name=app_name, route_prefix=route_prefix)
+        return DeployResult(app_name, table.version, tuple(sorted(new_engines)), ("run",), tuple(sorted(new_engines)))
+
+    old_router = RouterSpec.from_dict(old_spec)
+    old_engines = parse(old_router.table_json).distinct_configs()
+    added = sorted(set(new_engines) - set(old_engines))
+    removed = sorted(set(old_engines) - set(new_engines))
+    steps: list[str] = []
+    if added:
+        logger.info("step 1/3: starting engines %s behind the running router", added)
+        serve.run(build_app(args, table=table, router=old_router, extra_engines=old_engines), name=app_name,
+                  route_prefix=route_prefix)
+        steps.append("add")
+    if router_spec(args, table) != old_router or added:
+        logger.info("step 2/3: switching the router to table v%d", table.version)
+        serve.run(build_app(args, table=table, extra_engines=old_engines), name=app_name, route_prefix=route_prefix)
+        steps.append("switch")
+    if removed or not steps:
+        logger.info("step 3/3: removing engines %s (they drain in-flight requests first)", removed)
+        serve.run(build_app(args, table=table), name=app_name, route_prefix=route_prefix)
+        steps.append("remove")
+    return DeployResult(app_name, table.version, tuple(sorted(new_engines)), tuple(steps), tuple(added), tuple(removed))
+
+
+def _running_router_spec(app_name: str) -> dict[str, Any] | None:
+    """The spec of the router now serving ``app_name``, or ``None`` if the app is not running."""
+    from ray import serve
+
+    from orchestrator.serve.app import ROUTER_DEPLOYMENT
+
+    app = serve.status().applications.get(app_name)
+    if app is None or ROUTER_DEPLOYMENT not in app.deployments:
+        return None
+    try:
+        handle = serve.get_deployment_handle(ROUTER_DEPLOYMENT, app_name=app_name)
+        return handle.deployed_spec.remote().result(timeout_s=60)
+    except Exception as e:
+        logger.warning("could not read the running router's spec (%r); deploying without the add step", e)
+        return None
+
+
+def serve_config(args: Any, *, app_name: str = DEFAULT_APP_NAME, route_prefix: str = "/",
+                 http_host: str = "0.0.0.0", http_port: int = 8000) -> dict[str, Any]:
+    """A Serve config (``serve deploy`` schema) for the args; the table is validated and pinned by hash."""
+    from orchestrator.serve.app import AppArgs, build_app, load_table
+
+    args = AppArgs.parse(args)
+    path = Path(args.routing_table).resolve()
+    pinned = args.model_copy(update={
+        "routing_table": str(path),
+        "routing_table_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+    })
+    build_app(pinned, table=load_table(pinned))  # refuse to write a config that would not build
+    return {
+        "proxy_location": "EveryNode",
+        "http_options": {"host": http_host, "port": http_port},
+        "applications": [{
+            "name": app_name,
+            "route_prefix": route_prefix,
+            "import_path": "orchestrator.serve.app:app_builder",
+            "args": pinned.public_dict(),
+        }],
+    }
+
+
+def write_serve_config(path: str | Path, args: Any, **kwargs: Any) -> dict[str, Any]:
+    config = serve_config(args, **kwargs)
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.tmp")
+    tmp.write_text(
+        "# Written by python -m orchestrator.deploy; `serve deploy` this file. The routing table is pinned by\n"
+        "# sha256: after committing a new table, write this file again.\n" + yaml.safe_dump(config, sort_keys=False)
+    )
+    tmp.replace(p)
+    return config
+
+
+# ----- CLI -----------------------------------------------------------------------------------------
+def _parse_scale(items: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``NAME=N`` (fixed replicas) or ``NAME=MIN:MAX:TARGET`` (autoscaling); NAME is ``default``, a
+    bucket or a config key."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ConfigError(f"--scale {item!r}: expected NAME=N or NAME=MIN:MAX:TARGET")
+        parts = value.split(":")
+        try:
+            if len(parts) == 1:
+                out[name] = {"num_replicas": int(parts[0])}
+            elif len(parts) == 3:
+                out[name] = {"min_replicas": int(parts[0]), "max_replicas": int(parts[1]),
+                             "target_ongoing_requests": float(parts[2])}
+            else:
+                raise ValueError
+        except ValueError:
+            raise ConfigError(f"--scale {item!r}: expected NAME=N or NAME=MIN:MAX:TARGET (integers, target a number)") from None
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m orchestrator.deploy",
+        description="Serve a routing table with Ray Serve (one deployment per engine config + a routing ingress).",
+    )
+    p.add_argument("--routing-table", required=True, help="routing table JSON (tuning.routing)")
+    p.add_argument("--write-serve-config", metavar="FILE", help="write a `serve deploy` config and exit (no cluster needed)")
+    p.add_argument("--app-name", default=DEFAULT_APP_NAME)
+    p.add_argument("--route-prefix", default="/")
+    p.add_argument("--address", default=None, help="Ray address (default: RAY_ADDRESS or a local cluster)")
+    p.add_argument("--http-host", default="0.0.0.0")
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--api-key-file", default=None, help="file with one accepted API key per line (stored as sha256)")
+    p.add_argument("--sim-time-scale", type=float, default=None, help="simulated engines only")
+    p.add_argument("--default-max-tokens", type=int, default=None)
+    p.add_argument("--max-tokens-limit", type=int, default=None)
+    p.add_argument("--scaling", default=None, help="YAML: {NAME: {num_replicas|min_replicas,max_replicas,target_ongoing_requests}}")
+    p.add_argument("--scale", action="append", default=[], metavar="NAME=N|NAME=MIN:MAX:TARGET",
+                   help="replicas per bucket / config key / 'default'; repeatable; overrides --scaling")
+    p.add_argument("--router-replicas", type=int, default=None)
+    p.add_argument("--health-check-period-s", type=float, default=None)
+    p.add_argument("--graceful-shutdown-timeout-s", type=float, default=None)
+    p.add_argument("--accept-length-low-threshold", type=float, default=None)
+    p.add_argument("--engine-log-dir", default=None)
+    p.add_argument("--blocking", action="store_true", help="stay in the foreground after deploying (local clusters)")
+    return p
+
+
+def args_from_cli(ns: argparse.Namespace) -> dict[str, Any]:
+    scaling: dict[str, Any] = {}
+    if ns.scaling:
+        loaded = yaml.safe_load(Path(ns.scaling).read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"--scaling {ns.scaling}: expected a mapping of NAME -> scaling options")
+        scaling.update(loaded)
+    scaling.update(_parse_scale(ns.scale))
+    out: dict[str, Any] = {"routing_table": ns.routing_table, "scaling": scaling}
+    if ns.api_key_file:
+        from orchestrator.serve.router import hash_api_key
+
+        keys = [ln.strip() for ln in Path(ns.api_key_file).read_text().splitlines() if ln.strip()]
+        if not keys:
+            raise ConfigError(f"--api-key-file {ns.api_key_file} holds no keys")
+        out["api_key_sha256"] = [hash_api_key(k) for k in keys]
+    for arg, key in (("served_model_name", "served_model_name"), ("sim_time_scale", "sim_time_scale"),
+                     ("default_max_tokens", "default_max_tokens"), ("max_tokens_limit", "max_tokens_limit")):
+        if getattr(ns, arg) is not None:
+            out[key] = getattr(ns, arg)
+    engine: dict[str, Any] = {}
+    for arg in ("health_check_period_s", "graceful_shutdown_timeout_s", "accept_length_low_threshold"):
+        if getattr(ns, arg) is not None:
+            engine[arg] = getattr(ns, arg)
+    if ns.engine_log_dir:
+        engine["log_dir"] = ns.engine_log_dir
+    if engine:
+        out["engine"] = engine
+    if ns.router_replicas is not None:
+        out["router"] = {"num_replicas": ns.router_replicas}
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    ns = build_parser().parse_args(argv)
+    try:
+        from orchestrator.serve.app import AppArgs, build_app, load_table
+
+        args = AppArgs.parse(args_from_cli(ns))
+        table = load_table(args)  # refuse an invalid table before touching anything
+        if ns.write_serve_config:
+            write_serve_config(ns.write_serve_config, args, app_name=ns.app_name, route_prefix=ns.route_prefix,
+                               http_host=ns.http_host, http_port=ns.http_port)
+            print(f"wrote {ns.write_serve_config}; deploy it with: serve deploy {ns.write_serve_config}")
+            return 0
+        build_app(args, table=table)
+    except (OrchestratorError, OSError, yaml.YAMLError) as e:
+        print(f"error: {e}\nNothing was deployed; the running application (if any) is unchanged.", file=sys.stderr)
+        return 2
+
+    import ray
+    from ray import serve
+
+    ray.init(address=ns.address, ignore_reinit_error=True)
+    serve.start(http_options={"host": ns.http_host, "port": ns.http_port})
+    try:
+        result = deploy(args, app_name=ns.app_name, route_prefix=ns.route_prefix)
+    except OrchestratorError as e:
+        print(f"error: {e}\nThe running application (if any) is unchanged.", file=sys.stderr)
+        return 2
+    print(f"deployed {result.app_name}: routing table v{result.table_version}, engines {list(result.engine_deployments)}"
+          f" (steps: {', '.join(result.steps)}; added {list(result.added)}, removed {list(result.removed)})")
+    print(f"OpenAI API at http://{ns.http_host}:{ns.http_port}{ns.route_prefix.rstrip('/')}/v1")
+    if ns.blocking:
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,340 @@
+"""Build the Serve application from a routing table: one engine deployment per distinct engine config,
+plus the router as ingress.
+
+:func:`build_app` is pure in the Ray-Serve-LLM sense: validated args in, ``Application`` out; it
+starts nothing. :func:`app_builder` is the import path for ``serve run`` / ``serve deploy``
+(``orchestrator.serve.app:app_builder`` with ``args: {routing_table: PATH, ...}``).
+
+Deployment identity:
+
+- an engine deployment is named by ``EngineConfig.key()`` and versioned by a hash of (key, replica
+  arguments, the source of the engine/replica code). Serve keeps a deployment whose version did not
+  change running untouched, so deploying a new table restarts only the engines whose config changed
+  (an LMDeploy engine takes minutes to load);
+- the router's version is a hash of its spec (the table JSON included) and its code, so a new table
+  always rolls the router, and an identical redeploy touches nothing.
+
+Serve's public API no longer takes ``version=``; it is set through ``Deployment.options(...,
+_internal=True)`` (the path Serve's own declarative deploys use). Should that private path go away,
+:func:`_with_version` falls back to Serve's default (a random version per ``serve.run``: every
+update then restarts every engine).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from orchestrator.config import Backend, EngineConfig
+from orchestrator.errors import ConfigError
+from orchestrator.serve.protocol import DEFAULT_MAX_BODY_BYTES
+from orchestrator.serve.router import RouterSpec, hash_api_key
+from tuning.routing import RoutingTable, RoutingTableError, load
+
+__all__ = [
+    "ROUTER_DEPLOYMENT",
+    "AppArgs",
+    "EngineOptions",
+    "RouterOptions",
+    "ScalingSpec",
+    "app_builder",
+    "build_app",
+    "load_table",
+    "router_spec",
+]
+
+ROUTER_DEPLOYMENT = "router"
+_PKG = Path(__file__).resolve().parent
+_ENGINE_CODE = ("serve/replica.py", "serve/metrics.py", "engine.py", "config.py", "preflight.py")
+_ROUTER_CODE = ("serve/router.py", "serve/policy.py", "serve/protocol.py", "serve/metrics.py")
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ScalingSpec(_Args):
+    """Replicas of one engine deployment: fixed (``num_replicas``) or autoscaled on ongoing requests
+    (``min_replicas``/``max_replicas``/``target_ongoing_requests``, Serve's ``autoscaling_config``)."""
+
+    num_replicas: int | None = Field(default=None, ge=0, le=1024)
+    min_replicas: int | None = Field(default=None, ge=0, le=1024)
+    max_replicas: int | None = Field(default=None, ge=1, le=1024)
+    target_ongoing_requests: float | None = Field(default=None, gt=0)
+    max_ongoing_requests: int = Field(default=1024, ge=1, description="per replica; above it Serve queues")
+    upscale_delay_s: float | None = Field(default=None, ge=0)
+    downscale_delay_s: float | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ScalingSpec:
+        auto = any(v is not None for v in (self.min_replicas, self.max_replicas, self.target_ongoing_requests))
+        if auto and self.num_replicas is not None:
+            raise ValueError("give either num_replicas or min_replicas/max_replicas/target_ongoing_requests, not both")
+        if auto:
+            lo, hi = self.min_replicas or 0, self.max_replicas or max(1, self.min_replicas or 1)
+            if lo > hi:
+                raise ValueError(f"min_replicas={lo} > max_replicas={hi}")
+            if self.target_ongoing_requests is not None and self.target_ongoing_requests > self.max_ongoing_requests:
+                raise ValueError(
+                    f"target_ongoing_requests={self.target_ongoing_requests} exceeds max_ongoing_requests="
+                    f"{self.max_ongoing_requests}; the target could never be reached"
+                )
+        return self
+
+    def deployment_options(self) -> dict[str, Any]:
+        opts: dict[str, Any] = {"max_ongoing_requests": self.max_ongoing_requests}
+        if any(v is not None for v in (self.min_replicas, self.max_replicas, self.target_ongoing_requests)):
+            auto: dict[str, Any] = {
+                "min_replicas": self.min_replicas if self.min_replicas is not None else 1,
+                "max_replicas": self.max_replicas if self.max_replicas is not None else max(1, self.min_replicas or 1),
+            }
+            if self.target_ongoing_requests is not None:
+                auto["target_ongoing_requests"] = self.target_ongoing_requests
+            if self.upscale_delay_s is not None:
+                auto["upscale_delay_s"] = self.upscale_delay_s
+            if self.downscale_delay_s is not None:
+                auto["downscale_delay_s"] = self.downscale_delay_s
+            opts["autoscaling_config"] = auto
+        else:
+            opts["num_replicas"] = self.num_replicas if self.num_replicas is not None else 1
+        return opts
+
+
+class EngineOptions(_Args):
+    """How engine replicas are run and watched."""
+
+    health_check_period_s: float = Field(default=10.0, gt=0)
+    health_check_timeout_s: float = Field(default=30.0, gt=0)
+    graceful_shutdown_timeout_s: float = Field(
+        default=900.0, ge=0, description="how long a stopping replica may drain in-flight generations"
+    )
+    ready_timeout_s: float = Field(default=1800.0, gt=0)
+    health_timeout_s: float = Field(default=5.0, gt=0, description="timeout of one engine /health probe")
+    metrics_poll_s: float = Field(default=5.0, gt=0)
+    accept_length_low_threshold: float = Field(default=1.5, ge=1.0)
+    num_cpus: float = Field(default=1.0, ge=0)
+    max_surge_percent: int = Field(
+        default=0, ge=0, le=100,
+        description="extra replicas while a code change restarts an engine deployment (needs spare GPUs)",
+    )
+    log_dir: str | None = None
+
+    @model_validator(mode="after")
+    def _probe_fits(self) -> EngineOptions:
+        if self.health_timeout_s >= self.health_check_timeout_s:
+            raise ValueError(
+                f"health_timeout_s={self.health_timeout_s} must be below health_check_timeout_s="
+                f"{self.health_check_timeout_s} so the engine probe finishes before Serve gives up"
+            )
+        return self
+
+
+class RouterOptions(_Args):
+    num_replicas: int = Field(default=1, ge=1, le=256)
+    num_cpus: float = Field(default=1.0, ge=0)
+    max_ongoing_requests: int = Field(default=4096, ge=1)
+    graceful_shutdown_timeout_s: float = Field(default=900.0, ge=0)
+    status_refresh_s: float = Field(default=1.0, gt=0)
+    max_surge_percent: int = Field(default=100, ge=0, le=100, description="new router replicas start before old ones stop")
+
+
+class AppArgs(_Args):
+    """Arguments of :func:`app_builder` (the ``args:`` of a Serve config) and of the deploy CLI."""
+
+    routing_table: str = Field(description="path of the routing table JSON (tuning.routing format)")
+    routing_table_sha256: str | None = Field(
+        default=None,
+        description="pin: refuse to build when the file's SHA-256 differs (written by --write-serve-config, "
+        "so `serve deploy` sees a changed table as a changed config)",
+    )
+    served_model_name: str | None = Field(default=None, description="default: the table's provenance.model")
+    api_keys: tuple[str, ...] = Field(default=(), repr=False, description="accepted Bearer keys (prefer api_key_sha256)")
+    api_key_sha256: tuple[str, ...] = Field(default=(), description="SHA-256 hex digests of accepted keys")
+    sim_time_scale: float | None = Field(default=None, gt=0, description="simulated engines run this much faster")
+    default_max_tokens: int | None = Field(default=None, ge=1, description="overrides the table's default")
+    max_tokens_limit: int | None = Field(default=None, ge=1, description="default: max(131072, last bucket bound)")
+    max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1024)
+    scaling: dict[str, ScalingSpec] = Field(
+        default_factory=dict,
+        description="keys: 'default', a bucket name (its primary config) or an engine config key",
+    )
+    engine: EngineOptions = Field(default_factory=EngineOptions)
+    router: RouterOptions = Field(default_factory=RouterOptions)
+
+    @model_validator(mode="after")
+    def _keys_hex(self) -> AppArgs:
+        for h in self.api_key_sha256:
+            if len(h) != 64 or any(c not in "0123456789abcdef" for c in h.lower()):
+                raise ValueError("api_key_sha256 entries must be 64 hex characters (sha256 of the key)")
+        return self
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any] | AppArgs) -> AppArgs:
+        if isinstance(data, AppArgs):
+            return data
+        try:
+            return cls.model_validate(dict(data))
+        except ValidationError as e:
+            raise ConfigError(f"invalid serve app args: {e}") from None
+
+    def public_dict(self) -> dict[str, Any]:
+        """JSON-ready args with cleartext keys replaced by their digests (for configs and logs)."""
+        d = self.model_dump(mode="json", exclude_defaults=True)
+        keys = d.pop("api_keys", None)
+        if keys:
+            d["api_key_sha256"] = sorted(set(d.get("api_key_sha256", [])) | {hash_api_key(k) for k in keys})
+        return d
+
+
+def load_table(args: AppArgs) -> RoutingTable:
+    """Load and validate the table the args name (checking the pin); raises RoutingTableError."""
+    path = Path(args.routing_table)
+    table = load(path)
+    if args.routing_table_sha256 is not None:
+        actual = hashlib.sha256(path.read_bytes()).hexdigest()
+        if actual != args.routing_table_sha256.lower():
+            raise RoutingTableError(
+                f"{path} changed since the Serve config was written (sha256 {actual[:12]}… != pinned "
+                f"{args.routing_table_sha256[:12]}…); regenerate it: python -m orchestrator.deploy "
+                f"--routing-table {path} --write-serve-config FILE"
+            )
+    return table
+
+
+def router_spec(args: AppArgs, table: RoutingTable) -> RouterSpec:
+    served = args.served_model_name or table.provenance.model
+    limit = args.max_tokens_limit or max(131072, table.buckets[-1].max_output_len)
+    keys = sorted(set(args.api_key_sha256) | {hash_api_key(k) for k in args.api_keys})
+    return RouterSpec(
+        table_json=table.to_json(),
+        served_model_names=(served,),
+        api_key_sha256=tuple(k.lower() for k in keys),
+        max_tokens_limit=limit,
+        max_body_bytes=args.max_body_bytes,
+        default_max_tokens=args.default_max_tokens,
+        status_refresh_s=args.router.status_refresh_s,
+    )
+
+
+def scaling_for(args: AppArgs, table: RoutingTable, key: str) -> ScalingSpec:
+    """Scaling of one engine deployment: by config key, else by the bucket whose primary config it
+    is (buckets sharing a config must agree), else ``default``."""
+    if key in args.scaling:
+        return args.scaling[key]
+    by_bucket = {
+        b.name: args.scaling[b.name] for b in table.buckets if b.name in args.scaling and b.engine_config().key() == key
+    }
+    if len(set(by_bucket.values())) > 1:
+        raise ConfigError(
+            f"buckets {sorted(by_bucket)} share engine config {key} but have different scaling; give one "
+            f"scaling entry keyed by the config key {key!r}"
+        )
+    if by_bucket:
+        return next(iter(by_bucket.values()))
+    return args.scaling.get("default", ScalingSpec())
+
+
+def build_app(
+    args: AppArgs | Mapping[str, Any],
+    *,
+    table: RoutingTable | None = None,
+    router: RouterSpec | None = None,
+    extra_engines: Mapping[str, EngineConfig] | None = None,
+) -> Any:
+    """The Serve ``Application`` for a routing table (starts nothing).
+
+    Args:
+        args: app args (validated here).
+        table: the table; loaded from ``args.routing_table`` when ``None``.
+        router: route with this router spec instead of one built from ``table`` (the deploy CLI
+            keeps the running router while new engines come up).
+        extra_engines: engine configs to deploy besides the table's (kept while an update drains).
+    """
+    from ray import serve
+
+    from orchestrator.serve.replica import EngineReplica
+    from orchestrator.serve.router import Router, api
+
+    args = AppArgs.parse(args)
+    table = table if table is not None else load_table(args)
+    spec = router if router is not None else router_spec(args, table)
+    routed_table = RoutingTable.model_validate_json(spec.table_json)
+    served = spec.served_model_names[0]
+    unknown = sorted(k for k in args.scaling if k != "default" and k not in {b.name for b in table.buckets}
+                     and k not in table.distinct_configs())
+    if unknown:
+        raise ConfigError(
+            f"scaling keys {unknown} match no bucket or engine config; use 'default', a bucket name "
+            f"{[b.name for b in table.buckets]} or a config key {sorted(table.distinct_configs())}"
+        )
+
+    engines: dict[str, EngineConfig] = {}
+    for source in (table.distinct_configs(), routed_table.distinct_configs(), extra_engines or {}):
+        for key, cfg in source.items():
+            engines.setdefault(key, cfg)
+
+    opts = args.engine
+    bound: dict[str, Any] = {}
+    for key, cfg in sorted(engines.items()):
+        kwargs = {
+            "served_model_name": served,
+            "log_dir": opts.log_dir,
+            "sim_time_scale": args.sim_time_scale if cfg.backend is Backend.SIM else None,
+            "ready_timeout_s": opts.ready_timeout_s,
+            "health_timeout_s": opts.health_timeout_s,
+            "metrics_poll_s": opts.metrics_poll_s,
+            "accept_length_low_threshold": opts.accept_length_low_threshold,
+        }
+        scaling = scaling_for(args, table, key)
+        deployment = serve.deployment(EngineReplica).options(
+            name=key,
+            ray_actor_options={"num_gpus": 0 if cfg.backend is Backend.SIM else cfg.tp, "num_cpus": opts.num_cpus},
+            health_check_period_s=opts.health_check_period_s,
+            health_check_timeout_s=opts.health_check_timeout_s,
+            graceful_shutdown_timeout_s=opts.graceful_shutdown_timeout_s,
+            max_surge_percent=opts.max_surge_percent,
+            **scaling.deployment_options(),
+        )
+        version = _digest({"key": key, "kwargs": kwargs, "code": _code_digest(_ENGINE_CODE)})
+        bound[key] = _with_version(deployment, version).bind(cfg.to_dict(), **kwargs)
+
+    ropts = args.router
+    router_deployment = serve.deployment(serve.ingress(api)(Router)).options(
+        name=ROUTER_DEPLOYMENT,
+        num_replicas=ropts.num_replicas,
+        ray_actor_options={"num_cpus": ropts.num_cpus},
+        max_ongoing_requests=ropts.max_ongoing_requests,
+        graceful_shutdown_timeout_s=ropts.graceful_shutdown_timeout_s,
+        max_surge_percent=ropts.max_surge_percent,
+    )
+    router_version = _digest({"spec": spec.to_dict(), "code": _code_digest(_ROUTER_CODE)})
+    return _with_version(router_deployment, router_version).bind(spec.to_dict(), bound)
+
+
+def app_builder(args: dict[str, Any]) -> Any:
+    """``serve run/deploy`` entry point: ``orchestrator.serve.app:app_builder``."""
+    return build_app(AppArgs.parse(args or {}))
+
+
+def _with_version(deployment: Any, version: str) -> Any:
+    try:
+        return deployment.options(version=version, _internal=True)
+    except (TypeError, ValueError):  # pragma: no cover - Serve dropped the internal path
+        return deployment
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _code_digest(files: tuple[str, ...]) -> str:
+    h = hashlib.sha256()
+    for rel in files:
+        p = _PKG.parent / rel
+        h.update(rel.encode())
+        h.update(p.read_bytes() if p.exists() else b"")
+    return h.hexdigest()[:16]

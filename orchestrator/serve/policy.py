@@ -1,0 +1,165 @@
+"""Routing policy: pure functions from (request, routing table, live load, health) to a decision.
+
+The router (:mod:`orchestrator.serve.router`) carries decisions out; nothing here touches Ray,
+processes or the network, so every rule is unit-tested directly (``tests/test_policy.py``).
+
+Rules, in order:
+
+1. **Bucket** — :meth:`RoutingTable.bucket_for` on the request's ``max_tokens`` (or
+   ``max_completion_tokens``; the table's ``default_max_tokens`` when the request gives neither).
+2. **Load variant** — a bucket may carry ``load_variants`` (sorted by ``min_concurrency``): configs
+   the sweep found better under heavy batching (speculation pays less when the batch is already
+   full). When the live load of the bucket's *primary* deployment — in-flight requests per replica —
+   reaches a variant's ``min_concurrency``, the highest such variant is chosen. Because requests
+   that go to the variant no longer count against the primary, the primary is held near the
+   threshold and the excess spills over to the variant, rather than the whole bucket flapping.
+3. **Health** — if the chosen deployment has no healthy replica, the bucket's other configs are
+   tried (the primary first, then variants), then the nearest other bucket by position in the table
+   (ties go to the larger bucket: its engine was configured for longer outputs). The decision then
+   names the bucket it fell back from.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from tuning.routing import BucketRoute, RoutingTable
+
+__all__ = [
+    "NoHealthyDeploymentError",
+    "RouteDecision",
+    "bucket_deployments",
+    "choose_route",
+    "deployment_name",
+    "requested_max_tokens",
+]
+
+
+class NoHealthyDeploymentError(RuntimeError):
+    """No deployment of the routing table has a healthy replica; the router answers 503."""
+
+
+@dataclass(frozen=True)
+class RouteDecision:
+    """Where one request goes, and why.
+
+    Attributes:
+        bucket: name of the bucket whose config serves the request.
+        deployment: Serve deployment name (= ``EngineConfig.key()`` of that config).
+        config_key: the engine config key (equal to ``deployment``; kept separate so a future naming
+            scheme for deployments does not change what the metrics call the config).
+        fallback_from: name of the bucket the request *should* have gone to when health forced a
+            different deployment, else ``None``.
+        reason: short machine-readable explanation: ``bucket``, ``load>=N``, ``fallback:...``.
+    """
+
+    bucket: str
+    deployment: str
+    config_key: str
+    fallback_from: str | None = None
+    reason: str = "bucket"
+
+    @property
+    def fallback_header(self) -> str | None:
+        """``x-route-fallback`` value, e.g. ``le4096->le1024``."""
+        return None if self.fallback_from is None else f"{self.fallback_from}->{self.bucket}"
+
+
+def deployment_name(config_key: str) -> str:
+    """Serve deployment name of an engine config: its key (readable label + hash, unique per command)."""
+    return config_key
+
+
+_MEMO: dict[int, tuple[BucketRoute, tuple[tuple[str, int], ...]]] = {}
+"""id(bucket) -> (bucket, deployments): config keys hash canonical JSON, too slow to redo per request.
+The bucket is kept in the value so its id cannot be reused while cached; buckets are immutable."""
+
+
+def bucket_deployments(bucket: BucketRoute) -> tuple[tuple[str, int], ...]:
+    """``((deployment, min_concurrency), ...)`` of a bucket: primary (threshold 0), then its load variants."""
+    hit = _MEMO.get(id(bucket))
+    if hit is not None and hit[0] is bucket:
+        return hit[1]
+    out = ((deployment_name(bucket.engine_config().key()), 0),) + tuple(
+        (deployment_name(v.engine_config().key()), v.min_concurrency) for v in bucket.load_variants
+    )
+    if len(_MEMO) > 4096:  # tables are few; bound the memo anyway
+        _MEMO.clear()
+    _MEMO[id(bucket)] = (bucket, out)
+    return out
+
+
+def requested_max_tokens(max_tokens: int | None, max_completion_tokens: int | None) -> int | None:
+    """The output cap a request asks for: ``max_completion_tokens`` (the newer OpenAI name) wins over
+    ``max_tokens`` when both are given, as in OpenAI's API; ``None`` when neither is."""
+    return max_completion_tokens if max_completion_tokens is not None else max_tokens
+
+
+def choose_route(
+    request_max_tokens: int | None,
+    table: RoutingTable,
+    live_load: Mapping[str, float],
+    healthy: Iterable[str] | None = None,
+) -> RouteDecision:
+    """Pick the deployment for one request.
+
+    Args:
+        request_max_tokens: the request's output cap, ``None`` when it gave none.
+        table: the routing table the router was deployed with.
+        live_load: deployment name -> in-flight requests per healthy replica (missing = 0).
+        healthy: deployment names with at least one healthy replica; ``None`` = all healthy.
+
+    Returns:
+        The decision.
+
+    Raises:
+        NoHealthyDeploymentError: no deployment of the table is healthy.
+    """
+    healthy_set = None if healthy is None else frozenset(healthy)
+
+    def is_healthy(name: str) -> bool:
+        return healthy_set is None or name in healthy_set
+
+    wanted = table.bucket_for(request_max_tokens)
+    deployment, reason = _by_load(wanted, live_load)
+    if is_healthy(deployment):
+        return RouteDecision(wanted.name, deployment, deployment, None, reason)
+
+    # Same bucket, another of its configs (primary first, then variants).
+    for name, _ in bucket_deployments(wanted):
+        if name != deployment and is_healthy(name):
+            return RouteDecision(
+                wanted.name, name, name, wanted.name, f"fallback:{deployment}-unhealthy"
+            )
+
+    # Nearest other bucket; ties prefer the larger one.
+    index = [b.name for b in table.buckets].index(wanted.name)
+    order = sorted(
+        (i for i in range(len(table.buckets)) if i != index),
+        key=lambda i: (abs(i - index), -i),
+    )
+    for i in order:
+        other = table.buckets[i]
+        preferred, _ = _by_load(other, live_load)
+        candidates = [preferred, *(n for n, _ in bucket_deployments(other) if n != preferred)]
+        for name in candidates:
+            if is_healthy(name):
+                return RouteDecision(
+                    other.name, name, name, wanted.name, f"fallback:{wanted.name}-unhealthy"
+                )
+    raise NoHealthyDeploymentError(
+        f"no healthy engine deployment for any bucket (wanted bucket {wanted.name!r}); "
+        "check `serve status` and the replicas' engine logs"
+    )
+
+
+def _by_load(bucket: BucketRoute, live_load: Mapping[str, float]) -> tuple[str, str]:
+    """The bucket's deployment for the primary's live load, and the reason string."""
+    options = bucket_deployments(bucket)
+    primary = options[0][0]
+    load = float(live_load.get(primary, 0.0))
+    chosen, reason = primary, "bucket"
+    for name, threshold in options[1:]:
+        if load >= threshold:
+            chosen, reason = name, f"load>={threshold}"
+    return chosen, reason

@@ -1,0 +1,199 @@
+"""Routing policy and request parsing: pure functions, no Ray, no processes."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from orchestrator.config import EngineConfig
+from orchestrator.serve.metrics import AcceptLengthTracker, parse_prometheus_text
+from orchestrator.serve.policy import NoHealthyDeploymentError, choose_route, requested_max_tokens
+from orchestrator.serve.protocol import ApiError, parse_request
+from tuning import routing
+
+MODEL = "intern-s2-preview-8xh200"
+
+
+def _cfg(drafts: int = 0, bs: int | None = None) -> dict:
+    cfg = {"backend": "sim", "model": MODEL, "tp": 8, "max_batch_size": bs}
+    if drafts:
+        cfg |= {"speculative_algorithm": "qwen3_5_mtp", "num_draft_tokens": drafts}
+    return cfg
+
+
+def _key(cfg: dict) -> str:
+    return EngineConfig.from_dict(cfg).key()
+
+
+def _table(variants: bool = False) -> routing.RoutingTable:
+    high = [{"min_concurrency": 32, "config": _cfg(1), "figures": {"output_throughput": 1.0}},
+            {"min_concurrency": 128, "config": _cfg(0, 512), "figures": {"output_throughput": 1.0}}]
+    return routing.parse({
+        "provenance": {"model": MODEL, "gpu_type": "none", "gpu_count": 0, "sweep_id": "t",
+                       "created_at": routing.utc_now_iso(), "simulated": True},
+        "buckets": [
+            {"name": "le1024", "max_output_len": 1024, "config": _cfg(0), "figures": {"output_throughput": 1.0}},
+            {"name": "le4096", "max_output_len": 4096, "config": _cfg(3), "figures": {"output_throughput": 1.0},
+             "load_variants": high if variants else []},
+            {"name": "le16384", "max_output_len": 16384, "config": _cfg(4), "figures": {"output_throughput": 1.0}},
+        ],
+        "default_max_tokens": 512,
+    })
+
+
+NOSPEC, MTP3, MTP4, MTP1, BIGBATCH = _key(_cfg(0)), _key(_cfg(3)), _key(_cfg(4)), _key(_cfg(1)), _key(_cfg(0, 512))
+
+
+@pytest.mark.parametrize("max_tokens, bucket, deployment", [
+    (None, "le1024", NOSPEC), (1, "le1024", NOSPEC), (1024, "le1024", NOSPEC), (1025, "le4096", MTP3),
+    (16384, "le16384", MTP4), (10**6, "le16384", MTP4),
+])
+def test_bucket_by_max_tokens(max_tokens, bucket, deployment):
+    d = choose_route(max_tokens, _table(), {})
+    assert (d.bucket, d.deployment, d.config_key, d.fallback_from, d.reason) == (bucket, deployment, deployment, None, "bucket")
+    assert d.fallback_header is None
+
+
+def test_max_completion_tokens_wins():
+    assert requested_max_tokens(100, 2000) == 2000
+    assert requested_max_tokens(100, None) == 100
+    assert requested_max_tokens(None, None) is None
+
+
+def test_load_variants_switch_at_threshold_of_primary_load_per_replica():
+    t = _table(variants=True)
+    assert choose_route(2000, t, {MTP3: 31.9}).deployment == MTP3
+    d = choose_route(2000, t, {MTP3: 32})
+    assert (d.deployment, d.reason, d.bucket, d.fallback_from) == (MTP1, "load>=32", "le4096", None)
+    assert choose_route(2000, t, {MTP3: 500}).deployment == BIGBATCH
+    # Load on other deployments is irrelevant to this bucket's choice.
+    assert choose_route(2000, t, {MTP1: 1000, NOSPEC: 1000}).deployment == MTP3
+
+
+def test_unhealthy_falls_back_within_bucket_then_to_nearest_bucket():
+    t = _table(variants=True)
+    d = choose_route(2000, t, {}, healthy={MTP1, NOSPEC, MTP4})
+    assert (d.bucket, d.deployment, d.fallback_from) == ("le4096", MTP1, "le4096")
+    d = choose_route(2000, t, {}, healthy={NOSPEC, MTP4})
+    # Nearest on both sides: the tie goes to the larger bucket.
+    assert (d.bucket, d.deployment, d.fallback_header) == ("le16384", MTP4, "le4096->le16384")
+    d = choose_route(2000, t, {}, healthy={NOSPEC})
+    assert (d.bucket, d.fallback_header) == ("le1024", "le4096->le1024")
+    d = choose_route(100, t, {}, healthy={MTP4})
+    assert d.fallback_header == "le1024->le16384"
+    with pytest.raises(NoHealthyDeploymentError):
+        choose_route(100, t, {}, healthy=set())
+
+
+@given(
+    max_tokens=st.one_of(st.none(), st.integers(1, 10**7)),
+    loads=st.dictionaries(st.sampled_from([NOSPEC, MTP3, MTP4, MTP1, BIGBATCH]), st.floats(0, 1e4)),
+    healthy=st.sets(st.sampled_from([NOSPEC, MTP3, MTP4, MTP1, BIGBATCH]), min_size=1),
+)
+@settings(max_examples=200, deadline=None)
+def test_policy_always_picks_a_healthy_deployment_of_the_table(max_tokens, loads, healthy):
+    t = _table(variants=True)
+    d = choose_route(max_tokens, t, loads, healthy)
+    assert d.deployment in healthy
+    assert d.deployment in t.distinct_configs()
+    wanted = t.bucket_for(max_tokens).name
+    if d.fallback_from is None:
+        assert d.bucket == wanted
+    else:
+        assert d.fallback_from == wanted
+
+
+# ----- request parsing ------------------------------------------------------------------------------
+NAMES = frozenset({MODEL})
+
+
+def _parse(body, kind="chat", **kw):
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return parse_request(raw, kind, served_model_names=NAMES, max_tokens_limit=100_000, **kw)
+
+
+def test_valid_requests_parse_and_get_the_model_filled_in():
+    p = _parse({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10, "stream": True, "foo": 1})
+    assert (p.max_tokens, p.stream, p.client_wants_usage, p.body["model"], p.body["foo"]) == (10, True, False, MODEL, 1)
+    p = _parse({"prompt": "x", "max_completion_tokens": 7, "max_tokens": 3, "model": MODEL,
+                "stream_options": {"include_usage": True}}, "completions")
+    assert (p.max_tokens, p.client_wants_usage) == (7, True)
+    assert _parse({"prompt": [1, 2, 3]}, "completions").max_tokens is None
+
+
+@pytest.mark.parametrize("body, status, param", [
+    (b"{not json", 400, None),
+    (b"\xff\xfe{}", 400, None),
+    (b"", 400, None),
+    (b"[1, 2]", 400, None),
+    ({"messages": []}, 400, "messages"),
+    ({}, 400, "messages"),
+    ({"messages": "hi"}, 400, "messages"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": -5}, 400, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**12}, 400, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": "5"}, 400, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5.5}, 400, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, 400, "stream"),
+    ({"messages": [{"role": "user", "content": "x"}], "temperature": 9}, 400, "temperature"),
+    ({"messages": [{"role": "user", "content": "x"}], "model": "gpt-4"}, 404, "model"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, 400, None),
+])
+def test_bad_chat_requests_are_openai_style_4xx(body, status, param):
+    with pytest.raises(ApiError) as ei:
+        _parse(body)
+    e = ei.value
+    assert e.status == status
+    assert set(e.body()["error"]) == {"message", "type", "param", "code"}
+    if param is not None:
+        assert e.param == param, e
+
+
+def test_missing_prompt_and_oversized_body():
+    with pytest.raises(ApiError) as ei:
+        _parse({"max_tokens": 5}, "completions")
+    assert (ei.value.status, ei.value.param, ei.value.code) == (400, "prompt", "missing_required_field")
+    with pytest.raises(ApiError) as ei:
+        _parse(b"{" + b" " * 2048 + b"}", max_body_bytes=1024)
+    assert ei.value.status == 413
+
+
+@given(st.one_of(
+    st.binary(max_size=300),
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20),
+        lambda children: st.lists(children, max_size=4) | st.dictionaries(
+            st.sampled_from(["messages", "prompt", "max_tokens", "stream", "model", "role", "content",
+                             "stream_options", "include_usage", "temperature", "n", "x"]), children, max_size=5),
+        max_leaves=20,
+    ).map(lambda v: json.dumps(v).encode()),
+), st.sampled_from(["chat", "completions"]))
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_parser_never_raises_anything_but_api_error(raw, kind):
+    try:
+        p = parse_request(raw, kind, served_model_names=NAMES, max_tokens_limit=100_000)
+    except ApiError as e:
+        assert 400 <= e.status < 500
+        json.dumps(e.body())
+    else:
+        assert p.body["model"] == MODEL
+        assert p.max_tokens is None or 1 <= p.max_tokens <= 100_000
+
+
+# ----- engine metrics helpers -----------------------------------------------------------------------
+def test_prometheus_text_and_accept_length_from_counter_deltas():
+    text = ("# HELP x\n# TYPE lmdeploy:spec_decode_num_accepted_tokens_total counter\n"
+            'lmdeploy:spec_decode_num_accepted_tokens_total{model="m"} 100\n'
+            "lmdeploy:spec_decode_num_draft_tokens_total 300\nlmdeploy:num_requests_running 4\ngarbage line here\n")
+    s = parse_prometheus_text(text)
+    assert s["lmdeploy:spec_decode_num_accepted_tokens_total"] == 100 and s["lmdeploy:num_requests_running"] == 4
+    tr = AcceptLengthTracker(num_draft_tokens=3)
+    assert tr.update(s) is None  # first scrape: baseline only
+    s2 = dict(s, **{"lmdeploy:spec_decode_num_accepted_tokens_total": 300.0,
+                    "lmdeploy:spec_decode_num_draft_tokens_total": 600.0})
+    assert tr.update(s2) == pytest.approx(1 + 200 / (300 / 3))  # 3.0
+    assert tr.update({"lmdeploy:spec_decode_num_accepted_tokens_total": 0.0,
+                      "lmdeploy:spec_decode_num_draft_tokens_total": 0.0}) == pytest.approx(3.0)  # reset: keep
+    assert AcceptLengthTracker(0).update(s2) is None
