@@ -1,0 +1,124 @@
+"""pick_best: pure choice of the routing table from a results frame; incomplete results refused."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from orchestrator.config import EngineConfig
+from tuning import routing
+from tuning.buckets import make_buckets
+from tuning.results import (
+    Constraints,
+    IncompleteResultsError,
+    pick_best,
+    results_frame,
+    rows_for_trial,
+    write_results,
+)
+from tuning.routing import Provenance
+from tuning.space import ROLE_MTP_OFF, ROLE_SEARCH, ROLE_STATIC
+
+BUCKETS = make_buckets((1024, 16384), concurrency_levels=(64, 128), num_prompts=64)
+PROV = Provenance(model="intern-s2-preview-8xh200", gpu_type="none (simulated)", gpu_count=0, sweep_id="t",
+                  created_at="2026-11-29T00:00:00+00:00", simulated=True)
+
+
+def _cfg(drafts: int) -> EngineConfig:
+    return EngineConfig(backend="sim", model="intern-s2-preview-8xh200", tp=8, memory_fraction=0.8,
+                        speculative_algorithm="qwen3_5_mtp" if drafts else None, num_draft_tokens=drafts)
+
+
+def _bench(tput: float, *, tpot: float = 10.0, failed: int = 0) -> dict:
+    lat = {"mean": tpot, "median": tpot, "p99": tpot * 2}
+    return {"output_throughput": tput, "request_throughput": 1.0, "completed": 64 - failed, "failed": failed,
+            "failure_reasons": {"timeout": failed} if failed else {}, "ttft_ms": lat, "tpot_ms": lat,
+            "itl_ms": lat, "e2e_ms": lat, "accept_length": 3.0, "simulated": True}
+
+
+def _trial(tid: str, role: str, drafts: int, figures: dict, failure: str = "") -> list[dict]:
+    """figures: {(bucket, conc): throughput or (throughput, tpot)}"""
+    meas = {}
+    for k, v in figures.items():
+        tput, tpot = (v if isinstance(v, tuple) else (v, 10.0))
+        meas[k] = _bench(tput, tpot=tpot)
+    return rows_for_trial(sweep_id="t", trial_id=tid, role=role, config=_cfg(drafts), buckets=BUCKETS,
+                          measurements=meas, failure=failure)
+
+
+def _all(off: dict, static: dict, *others: tuple) -> pd.DataFrame:
+    rows = _trial("a", ROLE_MTP_OFF, 0, off) + _trial("b", ROLE_STATIC, 4, static)
+    for tid, drafts, figs in others:
+        rows += _trial(tid, ROLE_SEARCH, drafts, figs)
+    return results_frame(rows)
+
+
+FULL_OFF = {("le1024", 64): 6000, ("le1024", 128): 9000, ("le16384", 64): 6200, ("le16384", 128): 9500}
+FULL_STATIC = {("le1024", 64): 8400, ("le1024", 128): 8000, ("le16384", 64): 13000, ("le16384", 128): 11000}
+
+
+def test_per_bucket_best_gains_and_load_variants():
+    df = _all(FULL_OFF, FULL_STATIC,
+              ("c", 3, {("le1024", 64): 8600, ("le1024", 128): 8100, ("le16384", 64): 12000, ("le16384", 128): 10000}))
+    table = pick_best(df, BUCKETS, provenance=PROV)
+    b1, b2 = table.bucket("le1024"), table.bucket("le16384")
+    assert b1.engine_config().num_draft_tokens == 3 and b2.engine_config().num_draft_tokens == 4
+    assert b1.gains["mtp_off"] == pytest.approx(8600 / 6000 - 1) and b1.gains["static"] == pytest.approx(8600 / 8400 - 1)
+    assert b2.gains["static"] == pytest.approx(0.0)
+    # At concurrency 128 MTP off wins both buckets -> a load variant each.
+    assert [v.min_concurrency for v in b1.load_variants] == [128]
+    assert not b1.load_variants[0].engine_config().speculative
+    assert routing.parse(table.model_dump(mode="json")) == table  # valid per the schema
+
+
+def test_constraints_exclude_slow_configs():
+    slow = {k: (v * 1.1, 50.0) for k, v in FULL_STATIC.items()}
+    df = _all(FULL_OFF, FULL_STATIC, ("c", 5, slow))
+    assert pick_best(df, BUCKETS, provenance=PROV).bucket("le1024").engine_config().num_draft_tokens == 5
+    t = pick_best(df, BUCKETS, Constraints(max_tpot_ms=20), provenance=PROV)
+    assert t.bucket("le1024").engine_config().num_draft_tokens == 4
+    assert t.provenance.constraints == {"max_tpot_ms": 20}
+
+
+def test_failed_rows_and_requests_never_win():
+    rows = _all(FULL_OFF, FULL_STATIC).to_dict("records")
+    rows += _trial("d", ROLE_SEARCH, 2, {}, failure="engine failed to start: OOM")
+    crash = _trial("e", ROLE_SEARCH, 6, {k: 99999 for k in FULL_OFF})
+    for r in crash:
+        r.update(status="failed", failure_reason="3 of 64 requests failed")
+    df = results_frame(rows + crash)
+    t = pick_best(df, BUCKETS, provenance=PROV)
+    assert all(b.figures.output_throughput < 99999 for b in t.buckets)
+    assert (df[df.trial_id == "d"].failure_reason == "engine failed to start: OOM").all()
+
+
+def test_partial_request_failures_mark_the_row_failed():
+    rows = rows_for_trial(sweep_id="t", trial_id="x", role=ROLE_SEARCH, config=_cfg(1), buckets=BUCKETS,
+                          measurements={("le1024", 64): _bench(5000, failed=2)})
+    r = rows[0]
+    assert r["status"] == "failed" and "2 of 64" in r["failure_reason"]
+
+
+@pytest.mark.parametrize("drop, message", [
+    (lambda df: df[~((df.role == ROLE_MTP_OFF) & (df.bucket == "le16384"))], "baseline 'mtp_off'"),
+    (lambda df: df[df.role != ROLE_STATIC], "baseline 'static'"),
+    (lambda df: df[df.bucket != "le1024"], "bucket le1024: no successful trial"),
+    (lambda df: df.iloc[0:0], "no results"),
+])
+def test_incomplete_results_raise_and_keep_the_old_table(tmp_path, drop, message):
+    df = _all(FULL_OFF, FULL_STATIC)
+    path = tmp_path / "routing_table.json"
+    routing.commit(pick_best(df, BUCKETS, provenance=PROV), path)
+    before = path.read_text()
+    with pytest.raises(IncompleteResultsError, match=message):
+        routing.commit(pick_best(drop(df), BUCKETS, provenance=PROV), path)
+    assert path.read_text() == before
+
+
+def test_results_files_round_trip(tmp_path):
+    df = _all(FULL_OFF, FULL_STATIC, ("d", 2, {}))
+    pq, csv = write_results(df, tmp_path)
+    back = pd.read_parquet(pq)
+    assert len(back) == len(df) == 3 * 4 and set(back.status) == {"ok", "failed"}
+    assert {"engine_key", "num_draft_tokens", "output_throughput", "tpot_ms_median", "sweep_id",
+            "failure_reason", "concurrency", "bucket"} <= set(back.columns)
+    assert pd.read_csv(csv).shape[0] == len(df)

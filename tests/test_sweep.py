@@ -1,0 +1,118 @@
+"""The sweep end to end on real Ray Tune + Optuna + simulated engines (tiny workloads, 2 CPUs)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tuning import routing
+from tuning.buckets import make_buckets
+from tuning.space import ROLE_MTP_OFF, ROLE_STATIC, NamedPoint, SearchSpace
+from tuning.sweep import SweepSpec, run_sweep
+
+ROOT = Path(__file__).resolve().parent.parent
+PROFILE = "intern-s2-preview-8xh200"
+FAST = ("--startup-delay", "1")  # simulated seconds of engine start-up (the profile's 128 s is realistic)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_local():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    yield
+    ray.shutdown()
+
+
+def _space(**kw) -> SearchSpace:
+    base = dict(engine="sim", model=PROFILE, tp=8, num_draft_tokens=(2, 6), memory_fraction=(0.8,),
+                max_batch_size=(64,), extra_flags=FAST)
+    base.update(kw)
+    return SearchSpace(**base).with_baselines()
+
+
+def _spec(tmp_path: Path, space: SearchSpace, bounds=(256,), *, sweep_id: str, prompts: int = 8, **kw) -> SweepSpec:
+    # Concurrency 8: per the sim's model, short outputs lose with MTP there (2445 vs 2255 tok/s for
+    # le256 at 2 drafts) while long ones gain (3766 vs 3370 for le4096) - buckets disagree.
+    buckets = make_buckets(bounds, input_len=256, concurrency_levels=(8,), num_prompts=prompts)
+    return SweepSpec(sweep_id=sweep_id, run_dir=str(tmp_path / sweep_id), space=space, buckets=buckets,
+                     sim_time_scale=2.0, steady_state=None, max_concurrent_trials=2, n_startup_trials=3,
+                     ready_timeout_s=60, **kw)
+
+
+def test_tiny_sweep_picks_per_bucket_best_and_survives_a_crash(tmp_path):
+    crash = NamedPoint("fault_test", {"speculative": True, "num_draft_tokens": 6, "memory_fraction": 0.8,
+                                      "max_batch_size": 64}, ("--fault", "crash-at-start"))
+    space = _space()
+    space = space.replace(points=(*space.points, crash))
+    spec = _spec(tmp_path, space, (256, 4096), sweep_id="tiny", prompts=16)
+    out = run_sweep(spec, num_trials=5, live=False)
+    assert out.error is None, out.error
+
+    df = pd.read_parquet(Path(spec.run_dir) / "results.parquet")
+    assert df.trial_id.nunique() == 5 and df.engine_key.nunique() == 5  # dedupe: 5 distinct engines
+    assert {ROLE_MTP_OFF, ROLE_STATIC, "fault_test"} <= set(df.role)
+    crashed = df[df.role == "fault_test"]
+    assert (crashed.status == "failed").all()
+    assert crashed.failure_reason.str.contains("exit code 3").all()
+    assert (df[df.role != "fault_test"].status == "ok").all()  # the sweep went on
+
+    table = routing.load(Path(spec.run_dir) / "routing_table.json")
+    assert table.provenance.simulated and table.provenance.gpu_type == "none (simulated)"
+    assert set(table.bucket("le256").baselines) == {"mtp_off", "static"}
+    short, long_ = table.bucket("le256").engine_config(), table.bucket("le4096").engine_config()
+    assert long_.speculative, table.to_json()
+    assert short.num_draft_tokens < long_.num_draft_tokens, table.to_json()
+    assert table.bucket("le4096").gains["mtp_off"] > 0
+
+
+def test_resume_continues_without_rerunning(tmp_path):
+    spec = _spec(tmp_path, _space(num_draft_tokens=(1, 2, 3)), sweep_id="resume")
+    first = run_sweep(spec, num_trials=2, live=False)
+    ids1 = set(first.results.trial_id)
+    assert len(ids1) == 2 and set(first.results.role) == {ROLE_MTP_OFF, ROLE_STATIC}
+    second = run_sweep(spec, num_trials=4, live=False, resume=True)
+    ids2 = list(second.results.trial_id)
+    assert ids1 < set(ids2) and len(ids2) == len(set(ids2)) == 4
+    # Each trial started its engine once: one log folder per trial, none for the resumed ones twice.
+    logs = sorted(os.listdir(Path(spec.run_dir) / "engine-logs"))
+    assert logs == sorted(ids2)
+    assert all(len(os.listdir(Path(spec.run_dir) / "engine-logs" / t)) == 1 for t in logs)
+    assert routing.load(Path(spec.run_dir) / "routing_table.json").version == 2
+
+
+def test_incomplete_sweep_keeps_the_previous_table(tmp_path):
+    good = tmp_path / "serving" / "routing_table.json"
+    # A valid table from an earlier sweep at the serving path.
+    ok_spec = _spec(tmp_path, _space(speculative=(False,), num_draft_tokens=(4,)), sweep_id="good",
+                    routing_table=str(good))
+    assert run_sweep(ok_spec, num_trials=2, live=False).error is None
+    before = good.read_text()
+    # Every engine of this sweep crashes: no bucket has a successful trial.
+    bad_spec = _spec(tmp_path, _space(extra_flags=("--fault", "crash-at-start")), sweep_id="bad",
+                     routing_table=str(good))
+    out = run_sweep(bad_spec, num_trials=2, live=False)
+    assert out.table is None and "incomplete" in out.error and "previous table is" in out.error
+    assert good.read_text() == before
+    assert not (Path(bad_spec.run_dir) / "routing_table.json").exists()
+    assert (pd.read_csv(Path(bad_spec.run_dir) / "results.csv").status == "failed").all()
+    # A corrupt table is refused by commit, and the good one stays.
+    corrupt = json.loads(before)
+    corrupt["buckets"][0]["config"]["memory_fraction"] = 7
+    with pytest.raises(routing.RoutingTableError):
+        routing.commit(corrupt, good)
+    assert good.read_text() == before
+
+
+def test_cli_help_explains_every_flag():
+    r = subprocess.run([sys.executable, "-m", "tuning.sweep", "--help"], capture_output=True, text=True,
+                       cwd=ROOT, timeout=120)
+    assert r.returncode == 0
+    for flag in ("--model", "--space", "--num-trials", "--time-budget-s", "--resume", "--address",
+                 "--routing-table", "--max-tpot-ms", "--max-ttft-ms", "--objective", "--concurrency"):
+        assert flag in r.stdout

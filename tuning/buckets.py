@@ -1,0 +1,112 @@
+"""Output-length buckets: what the sweep measures and the routing table routes by.
+
+A bucket is an upper bound on a request's output length plus the workload that stands for it
+(random dataset, input 1024, range ratio 0.5, concurrency 64, temperature 0 — the published
+benchmark's settings). Each bucket can be measured at several concurrency levels; the first level
+is the bucket's primary load (it picks the bucket's config), higher ones become the routing table's
+``load_variants`` when a different config wins there (speculation pays less in big batches).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.errors import ConfigError
+from tuning.workload import Workload
+
+__all__ = ["Bucket", "DEFAULT_BOUNDS", "bucket_name", "make_buckets"]
+
+DEFAULT_BOUNDS = (1024, 4096, 8192, 16384)
+
+
+def bucket_name(max_output_len: int) -> str:
+    return f"le{max_output_len}"
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One output-length bucket.
+
+    Args:
+        name: e.g. ``le1024``.
+        max_output_len: requests with ``max_tokens`` up to this (and above the previous bound).
+        workload: the primary workload (``output_len`` = the bound; ``max_concurrency`` = primary load).
+        concurrency_levels: every concurrency measured, primary first, then strictly increasing.
+    """
+
+    name: str
+    max_output_len: int
+    workload: Workload
+    concurrency_levels: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        levels = tuple(int(c) for c in self.concurrency_levels)
+        object.__setattr__(self, "concurrency_levels", levels)
+        if not levels or any(c < 1 for c in levels):
+            raise ConfigError(f"bucket {self.name}: concurrency levels must be >= 1, got {levels}")
+        if list(levels) != sorted(set(levels)):
+            raise ConfigError(
+                f"bucket {self.name}: concurrency levels must be strictly increasing (the first is the primary "
+                f"load that picks the bucket's config; higher ones become load variants), got {list(levels)}"
+            )
+        if self.workload.max_concurrency != levels[0]:
+            raise ConfigError(f"bucket {self.name}: workload.max_concurrency must equal the primary level {levels[0]}")
+
+    @property
+    def primary_concurrency(self) -> int:
+        return self.concurrency_levels[0]
+
+    def workload_at(self, concurrency: int) -> Workload:
+        """The bucket's workload at another load; prompts scale so the engine stays saturated."""
+        if concurrency == self.primary_concurrency:
+            return self.workload
+        base = self.workload
+        scale = concurrency / self.primary_concurrency
+        return dataclasses.replace(
+            base, max_concurrency=concurrency, num_prompts=max(int(round(base.num_prompts * scale)), concurrency)
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "max_output_len": self.max_output_len,
+                "workload": self.workload.to_dict(), "concurrency_levels": list(self.concurrency_levels)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Bucket:
+        return cls(name=d["name"], max_output_len=int(d["max_output_len"]),
+                   workload=Workload.from_dict(d["workload"]),
+                   concurrency_levels=tuple(d["concurrency_levels"]))
+
+
+def make_buckets(
+    bounds: Sequence[int] = DEFAULT_BOUNDS,
+    *,
+    input_len: int = 1024,
+    range_ratio: float = 0.5,
+    concurrency_levels: Sequence[int] = (64,),
+    num_prompts: int | Mapping[int, int] = 256,
+    temperature: float = 0.0,
+    seed: int = 0,
+    dataset: str = "random",
+    sharegpt_path: str | None = None,
+) -> tuple[Bucket, ...]:
+    """Buckets for the given upper bounds, each with the published random-dataset workload.
+
+    ``num_prompts`` may be one number or a mapping bound -> prompts (long buckets need fewer prompts
+    to reach steady state; the bench's steady-state rule stops them early anyway).
+    """
+    b = [int(x) for x in bounds]
+    if not b or b != sorted(set(b)) or b[0] < 1:
+        raise ConfigError(f"bucket bounds must be positive and strictly increasing, got {list(bounds)}")
+    levels = tuple(int(c) for c in concurrency_levels)
+    out = []
+    for bound in b:
+        n = num_prompts[bound] if isinstance(num_prompts, Mapping) else num_prompts
+        wl = Workload(
+            dataset=dataset, input_len=input_len, output_len=bound, range_ratio=range_ratio,
+            num_prompts=int(n), max_concurrency=levels[0] if levels else None, temperature=temperature,
+            seed=seed, sharegpt_path=sharegpt_path, name=bucket_name(bound),
+        )
+        out.append(Bucket(bucket_name(bound), bound, wl, levels))
+    return tuple(out)

@@ -1,0 +1,325 @@
+"""Sweep results as a table, and the pure choice of the routing table from it.
+
+One row per trial x bucket x concurrency (see :data:`ROW_COLUMNS`). Trials produce rows
+(:func:`rows_for_trial`), the sweep collects them into a DataFrame, :func:`pick_best` turns the
+DataFrame into a :class:`~tuning.routing.RoutingTable` without touching files, and
+:func:`write_results` / :func:`commit_table` do the I/O. An incomplete sweep (a bucket without a
+successful trial, a baseline missing) raises :class:`IncompleteResultsError` *before* anything is
+committed, so a good table already at the target path stays.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from orchestrator.config import EngineConfig
+from tuning import routing
+from tuning.buckets import Bucket
+from tuning.routing import BucketFigures, BucketRoute, LoadVariant, Provenance, RoutingTable, RoutingTableError
+from tuning.space import BASELINE_ROLES, ROLE_MTP_OFF, ROLE_STATIC
+
+__all__ = [
+    "CONFIG_COLUMNS",
+    "ROW_COLUMNS",
+    "Constraints",
+    "IncompleteResultsError",
+    "STATUS_OK",
+    "STATUS_FAILED",
+    "commit_table",
+    "failed_rows",
+    "pick_best",
+    "results_frame",
+    "rows_for_trial",
+    "write_results",
+]
+
+STATUS_OK = "ok"
+STATUS_FAILED = "failed"
+
+CONFIG_COLUMNS = ("engine_key", "engine_label", "backend", "model", "tp", "speculative", "num_draft_tokens",
+                  "memory_fraction", "max_batch_size", "session_len", "max_prefill_tokens", "extra_flags")
+FIGURE_COLUMNS = (
+    "output_throughput", "request_throughput", "input_throughput", "total_token_throughput",
+    "ttft_ms_mean", "ttft_ms_median", "ttft_ms_p99", "tpot_ms_mean", "tpot_ms_median", "tpot_ms_p99",
+    "itl_ms_mean", "itl_ms_median", "itl_ms_p99", "e2e_ms_mean", "e2e_ms_median", "e2e_ms_p99",
+    "accept_length", "completed", "failed_requests", "duration_s", "early_stopped", "simulated", "time_scale",
+    "started_at", "finished_at",
+)
+ROW_COLUMNS = (
+    "sweep_id", "trial_id", "role", "status", "failure_reason", "cached", "bucket", "max_output_len",
+    "concurrency", "primary_load", *CONFIG_COLUMNS, *FIGURE_COLUMNS, "engine_startup_s", "workload",
+)
+
+
+class IncompleteResultsError(RoutingTableError):
+    """The sweep's results can't make a complete routing table; the previous table is kept."""
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """Latency limits a bucket's chosen config must meet (medians of the measured distribution)."""
+
+    max_tpot_ms: float | None = None
+    max_ttft_ms: float | None = None
+
+    def to_dict(self) -> dict[str, float]:
+        return {k: v for k, v in (("max_tpot_ms", self.max_tpot_ms), ("max_ttft_ms", self.max_ttft_ms)) if v is not None}
+
+    def mask(self, df: pd.DataFrame) -> pd.Series:
+        ok = pd.Series(True, index=df.index)
+        if self.max_tpot_ms is not None:
+            ok &= df["tpot_ms_median"].le(self.max_tpot_ms)
+        if self.max_ttft_ms is not None:
+            ok &= df["ttft_ms_median"].le(self.max_ttft_ms)
+        return ok
+
+
+# ----- rows ---------------------------------------------------------------------------------------------
+def config_columns(config: EngineConfig) -> dict[str, Any]:
+    return {
+        "engine_key": config.key(), "engine_label": config.label(), "backend": config.backend.value,
+        "model": config.model, "tp": config.tp, "speculative": config.speculative,
+        "num_draft_tokens": config.num_draft_tokens, "memory_fraction": config.memory_fraction,
+        "max_batch_size": config.max_batch_size, "session_len": config.session_len,
+        "max_prefill_tokens": config.max_prefill_tokens, "extra_flags": " ".join(config.extra_flags),
+    }
+
+
+def figure_columns(bench: Mapping[str, Any]) -> dict[str, Any]:
+    """Flatten a ``BenchResult.to_dict()`` into the row's figure columns."""
+    out: dict[str, Any] = {}
+    for k in ("output_throughput", "request_throughput", "input_throughput", "total_token_throughput",
+              "accept_length", "completed", "duration_s", "early_stopped", "simulated", "time_scale",
+              "started_at", "finished_at"):
+        out[k] = bench.get(k)
+    out["failed_requests"] = bench.get("failed")
+    for lat in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        stats = bench.get(lat) or {}
+        for s in ("mean", "median", "p99"):
+            out[f"{lat}_{s}"] = stats.get(s)
+    return out
+
+
+def bench_status(bench: Mapping[str, Any]) -> tuple[str, str]:
+    """A bucket measurement counts only when every request completed: a config that drops requests
+    must not win on the throughput of the ones it kept."""
+    completed, failed = int(bench.get("completed") or 0), int(bench.get("failed") or 0)
+    if completed == 0:
+        return STATUS_FAILED, f"no request completed; failures: {bench.get('failure_reasons') or {}}"
+    if failed:
+        return STATUS_FAILED, f"{failed} of {completed + failed} requests failed: {bench.get('failure_reasons') or {}}"
+    return STATUS_OK, ""
+
+
+def rows_for_trial(
+    *,
+    sweep_id: str,
+    trial_id: str,
+    role: str,
+    config: EngineConfig,
+    buckets: Sequence[Bucket],
+    measurements: Mapping[tuple[str, int], Mapping[str, Any]],
+    failure: str = "",
+    engine_startup_s: float | None = None,
+) -> list[dict[str, Any]]:
+    """Every bucket x concurrency row of one trial. ``measurements[(bucket, concurrency)]`` is a
+    ``BenchResult.to_dict()``; a missing one is a failed row with ``failure`` as its reason."""
+    base = {"sweep_id": sweep_id, "trial_id": trial_id, "role": role, "cached": False,
+            "engine_startup_s": engine_startup_s, **config_columns(config)}
+    rows = []
+    for b in buckets:
+        for c in b.concurrency_levels:
+            row = {**base, "bucket": b.name, "max_output_len": b.max_output_len, "concurrency": c,
+                   "primary_load": c == b.primary_concurrency,
+                   "workload": json.dumps(b.workload_at(c).to_dict(), sort_keys=True)}
+            bench = measurements.get((b.name, c))
+            if bench is None:
+                row.update(status=STATUS_FAILED, failure_reason=failure or "not measured")
+            else:
+                status, reason = bench_status(bench)
+                row.update(figure_columns(bench), status=status, failure_reason=reason)
+            rows.append(row)
+    return rows
+
+
+def failed_rows(*, sweep_id: str, trial_id: str, role: str, config: EngineConfig | None,
+                buckets: Sequence[Bucket], reason: str) -> list[dict[str, Any]]:
+    if config is None:
+        base = {"sweep_id": sweep_id, "trial_id": trial_id, "role": role, "status": STATUS_FAILED,
+                "failure_reason": reason, "cached": False}
+        return [{**base, "bucket": b.name, "max_output_len": b.max_output_len, "concurrency": c,
+                 "primary_load": c == b.primary_concurrency} for b in buckets for c in b.concurrency_levels]
+    return rows_for_trial(sweep_id=sweep_id, trial_id=trial_id, role=role, config=config, buckets=buckets,
+                          measurements={}, failure=reason)
+
+
+def results_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """Rows -> DataFrame with every :data:`ROW_COLUMNS` column, in that order (extra columns after)."""
+    df = pd.DataFrame(list(rows))
+    for col in ROW_COLUMNS:
+        if col not in df.columns:
+            df[col] = None
+    extra = [c for c in df.columns if c not in ROW_COLUMNS]
+    df = df[[*ROW_COLUMNS, *extra]]
+    for col in ("output_throughput", "tpot_ms_median", "ttft_ms_median", "memory_fraction", "accept_length"):
+        df[col] = pd.to_numeric(df[col], errors="coerce")
+    return df
+
+
+def write_results(df: pd.DataFrame, run_dir: str | Path) -> tuple[Path, Path]:
+    """``<run_dir>/results.parquet`` and ``results.csv`` (written whole each time; cheap)."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    pq, csv = run_dir / "results.parquet", run_dir / "results.csv"
+    frame = df.copy()
+    for col in frame.columns:  # parquet needs one type per column; mixed None/obj columns become strings
+        if frame[col].dtype == object:
+            non_null = frame[col].dropna()
+            if not non_null.map(type).nunique() <= 1:
+                frame[col] = frame[col].map(lambda v: None if v is None or (isinstance(v, float) and math.isnan(v)) else str(v))
+    tmp = pq.with_name(".results.parquet.tmp")
+    frame.to_parquet(tmp, index=False)
+    tmp.replace(pq)
+    tmp = csv.with_name(".results.csv.tmp")
+    frame.to_csv(tmp, index=False)
+    tmp.replace(csv)
+    return pq, csv
+
+
+# ----- choice (pure) -----------------------------------------------------------------------------------
+def _figures(row: Mapping[str, Any]) -> BucketFigures:
+    def num(k: str) -> float | None:
+        v = row.get(k)
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return None
+        # A negative latency is a measurement artefact (clock skew between client and a time-scaled
+        # simulator); drop the figure rather than refuse the whole table.
+        return float(v) if float(v) >= 0 else None
+
+    acc = num("accept_length")
+    completed, failed = row.get("completed"), row.get("failed_requests")
+    return BucketFigures(
+        output_throughput=float(row["output_throughput"]),
+        request_throughput=num("request_throughput"),  # noqa: E501
+        ttft_ms_median=num("ttft_ms_median"), ttft_ms_p99=num("ttft_ms_p99"),
+        tpot_ms_median=num("tpot_ms_median"), tpot_ms_p99=num("tpot_ms_p99"),
+        accept_length=acc if acc is not None and acc >= 1 else None,
+        concurrency=int(row["concurrency"]) if row.get("concurrency") is not None else None,
+        completed=None if completed is None or (isinstance(completed, float) and math.isnan(completed)) else int(completed),
+        failed=None if failed is None or (isinstance(failed, float) and math.isnan(failed)) else int(failed),
+    )
+
+
+def _config_of(row: Mapping[str, Any]) -> dict[str, Any]:
+    flags = row.get("extra_flags") or ""
+    cfg = {
+        "backend": row["backend"], "model": row["model"], "tp": int(row["tp"]),
+        "speculative_algorithm": "qwen3_5_mtp" if bool(row["speculative"]) else None,
+        "num_draft_tokens": int(row["num_draft_tokens"]), "memory_fraction": float(row["memory_fraction"]),
+        "max_batch_size": None if _isnull(row.get("max_batch_size")) else int(row["max_batch_size"]),
+        "session_len": None if _isnull(row.get("session_len")) else int(row["session_len"]),
+        "max_prefill_tokens": int(row["max_prefill_tokens"]),
+        "extra_flags": flags.split() if isinstance(flags, str) else list(flags),
+    }
+    return EngineConfig.from_dict(cfg).to_dict()
+
+
+def _isnull(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def _best_row(df: pd.DataFrame) -> Mapping[str, Any] | None:
+    if df.empty:
+        return None
+    # Highest throughput; ties -> fewer draft tokens, then lower memory fraction (cheaper, safer).
+    ordered = df.sort_values(["output_throughput", "num_draft_tokens", "memory_fraction"],
+                             ascending=[False, True, True], kind="mergesort")
+    return ordered.iloc[0].to_dict()
+
+
+def pick_best(
+    results: pd.DataFrame,
+    buckets: Sequence[Bucket],
+    constraints: Constraints = Constraints(),
+    *,
+    provenance: Provenance,
+) -> RoutingTable:
+    """Per bucket, the config with the highest measured output throughput at the bucket's primary load
+    among successful rows that meet ``constraints``; its figures; both baselines' figures and the
+    gains over them; a load variant for each higher concurrency level where another config wins.
+
+    Pure: no files, no clock. Raises :class:`IncompleteResultsError` naming what is missing when a
+    bucket has no eligible successful row or a baseline has no successful row for a bucket.
+    """
+    problems: list[str] = []
+    if results.empty:
+        raise IncompleteResultsError("the sweep produced no results; nothing to route by (previous table kept)")
+    ok = results[(results["status"] == STATUS_OK) & results["output_throughput"].notna()]
+    routes = []
+    for b in buckets:
+        at_bucket = ok[ok["bucket"] == b.name]
+        primary = at_bucket[at_bucket["concurrency"] == b.primary_concurrency]
+        baselines: dict[str, BucketFigures] = {}
+        for role, key in BASELINE_ROLES.items():
+            base = _best_row(primary[primary["role"] == role])
+            if base is None:
+                problems.append(f"bucket {b.name}: baseline {key!r} ({role}) has no successful measurement")
+            else:
+                baselines[key] = _figures(base)
+        eligible = primary[constraints.mask(primary)] if not primary.empty else primary
+        best = _best_row(eligible)
+        if best is None:
+            why = "no successful trial" if primary.empty else f"no successful trial meets {constraints.to_dict()}"
+            problems.append(f"bucket {b.name}: {why}")
+            continue
+        figures = _figures(best)
+        gains = {k: figures.output_throughput / v.output_throughput - 1.0
+                 for k, v in baselines.items() if v.output_throughput > 0}
+        variants = []
+        for c in b.concurrency_levels[1:]:
+            at_c = at_bucket[at_bucket["concurrency"] == c]
+            vbest = _best_row(at_c[constraints.mask(at_c)] if not at_c.empty else at_c)
+            if vbest is not None and vbest["engine_key"] != best["engine_key"]:
+                variants.append(LoadVariant(min_concurrency=c, config=_config_of(vbest), figures=_figures(vbest)))
+        routes.append(BucketRoute(
+            name=b.name, max_output_len=b.max_output_len, config=_config_of(best), figures=figures,
+            baselines=baselines, gains=gains, load_variants=tuple(variants), workload=b.workload.to_dict(),
+        ))
+    if problems:
+        raise IncompleteResultsError(
+            "the sweep's results are incomplete, so no routing table was written and any previous table is "
+            "kept:\n  - " + "\n  - ".join(problems)
+            + "\nResume the sweep (--resume RUN_DIR) with a larger --num-trials/--time-budget-s, relax the "
+            "constraints, or check the failure reasons in results.csv."
+        )
+    provenance = provenance.model_copy(update={"constraints": constraints.to_dict()})
+    return RoutingTable(provenance=provenance, buckets=tuple(routes),
+                        default_max_tokens=buckets[0].max_output_len)
+
+
+def commit_table(table: RoutingTable, path: str | Path) -> RoutingTable:
+    """Atomically commit (``tuning.routing.commit``); returns the table as written (with its version)."""
+    return routing.commit(table, path)
+
+
+def summary_rows(table: RoutingTable) -> list[dict[str, Any]]:
+    """Per bucket: label of the chosen config, throughput, gains (for the CLI's summary table)."""
+    out = []
+    for b in table.buckets:
+        cfg = b.engine_config()
+        out.append({
+            "bucket": b.name, "config": cfg.label(), "output_throughput": b.figures.output_throughput,
+            "accept_length": b.figures.accept_length,
+            "gain_vs_mtp_off": b.gains.get("mtp_off"), "gain_vs_static": b.gains.get("static"),
+            "load_variants": [f">={v.min_concurrency}: {v.engine_config().label()}" for v in b.load_variants],
+        })
+    return out
+
+
+ROLE_NAMES = {ROLE_MTP_OFF: "MTP off", ROLE_STATIC: "static recommendation"}

@@ -1,0 +1,353 @@
+"""The search space over engine configs: conditional, finite, and deduplicated by engine command.
+
+Knobs (one Optuna parameter each):
+
+- ``speculative`` — MTP on/off.
+- ``num_draft_tokens`` — only when ``speculative`` is on (a define-by-run space, so TPE never sees a
+  draft value for a non-speculative trial). LMDeploy has ONE draft knob,
+  ``--speculative-num-draft-tokens``: the MTP head drafts that many tokens per step. Guides written
+  for sglang name two numbers, ``--speculative-num-steps k`` and ``--speculative-num-draft-tokens
+  k+1`` (sglang counts the verified root token too). They describe the same engine: **sglang
+  (steps=k, draft_tokens=k+1) == LMDeploy num_draft_tokens=k**; see :func:`from_sglang`.
+- ``memory_fraction`` — LMDeploy ``--cache-max-entry-count``.
+- ``max_batch_size``.
+- ``backend`` — only when ``speculative`` is off and more than one backend is allowed (MTP exists
+  only in LMDeploy's PyTorch engine; the simulator has a single backend, ``sim``).
+
+Every knob is a finite tuple of values, so the space can be enumerated (:meth:`SearchSpace.grid`,
+used by the Optuna-vs-grid benchmark) and two points that render the same engine command are
+recognised by :meth:`EngineConfig.key`. Arithmetic progressions are offered to Optuna as stepped
+int/float distributions (TPE then models their order); anything else as a categorical.
+
+Named points (the baselines, and test points that carry ``extra_flags`` such as a simulator fault)
+are enqueued into the Optuna study with ``user_attrs`` ``{"role": ..., "extra_flags": [...]}``;
+the define-by-run function returns those attributes as constants so they reach the trial's config.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from orchestrator.config import MAX_DRAFT_TOKENS, Backend, EngineConfig, SpeculativeAlgorithm
+from orchestrator.errors import ConfigError
+
+__all__ = [
+    "ROLE_SEARCH",
+    "ROLE_MTP_OFF",
+    "ROLE_STATIC",
+    "BASELINE_ROLES",
+    "NamedPoint",
+    "SearchSpace",
+    "from_sglang",
+    "to_sglang",
+]
+
+ROLE_SEARCH = "search"
+ROLE_MTP_OFF = "baseline_mtp_off"
+ROLE_STATIC = "baseline_static"
+BASELINE_ROLES = {ROLE_MTP_OFF: "mtp_off", ROLE_STATIC: "static"}
+"""Trial role -> key used in the routing table's ``baselines`` / ``gains``."""
+
+STATIC_NUM_DRAFT_TOKENS = 4
+STATIC_MEMORY_FRACTION = 0.8
+"""The published static recommendation: ``--speculative-algorithm qwen3_5_mtp
+--speculative-num-draft-tokens 4 --cache-max-entry-count 0.8``."""
+
+PARAM_NAMES = ("speculative", "backend", "num_draft_tokens", "memory_fraction", "max_batch_size")
+
+
+def from_sglang(num_steps: int, num_draft_tokens: int) -> int:
+    """LMDeploy ``num_draft_tokens`` for an sglang-style (steps, draft tokens) pair.
+
+    sglang (EAGLE/MTP, topk 1) verifies ``num_steps + 1`` tokens per step: the drafted ones plus the
+    root. LMDeploy's single knob counts drafted tokens only, so the pair maps to ``num_steps``.
+    """
+    if num_draft_tokens != num_steps + 1:
+        raise ConfigError(
+            f"sglang-style speculation with num_steps={num_steps} expects num_draft_tokens={num_steps + 1} "
+            f"(steps + 1, topk 1), got {num_draft_tokens}; LMDeploy has one knob, so give it num_steps"
+        )
+    if not 1 <= num_steps <= MAX_DRAFT_TOKENS:
+        raise ConfigError(f"num_steps={num_steps} is out of range; allowed: 1..{MAX_DRAFT_TOKENS}")
+    return num_steps
+
+
+def to_sglang(num_draft_tokens: int) -> tuple[int, int]:
+    """(steps, draft tokens) as sglang guides write them for LMDeploy ``num_draft_tokens``."""
+    return num_draft_tokens, num_draft_tokens + 1
+
+
+@dataclass(frozen=True)
+class NamedPoint:
+    """A point evaluated before the searcher's own suggestions (a baseline or a test point)."""
+
+    role: str
+    params: Mapping[str, Any]
+    extra_flags: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "params", dict(self.params))
+        object.__setattr__(self, "extra_flags", tuple(self.extra_flags))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"role": self.role, "params": dict(self.params), "extra_flags": list(self.extra_flags)}
+
+
+def _tuple(name: str, values: Any) -> tuple:
+    if isinstance(values, Mapping):  # {low, high, step}
+        try:
+            low, high, step = values["low"], values["high"], values.get("step", 1)
+        except KeyError:
+            raise ConfigError(f"space knob {name!r}: a range needs 'low' and 'high' (and optional 'step')") from None
+        if step <= 0 or high < low:
+            raise ConfigError(f"space knob {name!r}: need low <= high and step > 0, got {dict(values)}")
+        n = int(math.floor((high - low) / step + 1e-9)) + 1
+        vals = [low + i * step for i in range(n)]
+        return tuple(round(v, 4) if isinstance(v, float) else v for v in vals)
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        values = [values]
+    out = tuple(values)
+    if not out:
+        raise ConfigError(f"space knob {name!r} has no values; give at least one")
+    return out
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """A finite, conditional space of :class:`EngineConfig` for one model.
+
+    Args:
+        engine: ``"sim"`` (simulated engine; backend ``sim``) or ``"lmdeploy"``.
+        model: checkpoint path (LMDeploy) or simulator profile.
+        tp: tensor-parallel degree (fixed: the node decides it, not the search).
+        speculative: allowed MTP switch values, from ``(False, True)``.
+        num_draft_tokens: LMDeploy draft tokens tried when MTP is on (sglang steps).
+        memory_fraction: ``--cache-max-entry-count`` values.
+        max_batch_size: ``--max-batch-size`` values.
+        off_backends: backends tried with MTP off (LMDeploy: ``pytorch``/``turbomind``).
+        session_len, max_prefill_tokens, extra_flags: fixed for every point.
+        points: named points evaluated first (baselines are added by :meth:`with_baselines`).
+    """
+
+    engine: str = "lmdeploy"
+    model: str = ""
+    tp: int = 8
+    speculative: tuple[bool, ...] = (False, True)
+    num_draft_tokens: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
+    memory_fraction: tuple[float, ...] = (0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9)
+    max_batch_size: tuple[int, ...] = (64, 128, 256)
+    off_backends: tuple[str, ...] = ("pytorch", "turbomind")
+    session_len: int | None = None
+    max_prefill_tokens: int = 8192
+    extra_flags: tuple[str, ...] = ()
+    points: tuple[NamedPoint, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        set_ = lambda n, v: object.__setattr__(self, n, v)  # noqa: E731 (frozen)
+        if self.engine not in ("sim", "lmdeploy"):
+            raise ConfigError(f"engine={self.engine!r} is invalid; allowed: 'sim', 'lmdeploy'")
+        if not self.model:
+            raise ConfigError("the search space needs a model (checkpoint path, or simulator profile for 'sim')")
+        for name in ("speculative", "num_draft_tokens", "memory_fraction", "max_batch_size", "off_backends"):
+            set_(name, _tuple(name, getattr(self, name)))
+        spec = tuple(_as_bool(v) for v in self.speculative)
+        if not set(spec) <= {False, True}:
+            raise ConfigError(f"speculative values must be booleans, got {self.speculative}")
+        set_("speculative", tuple(sorted(set(spec))))
+        set_("num_draft_tokens", tuple(sorted(set(int(v) for v in self.num_draft_tokens))))
+        set_("memory_fraction", tuple(sorted(set(round(float(v), 4) for v in self.memory_fraction))))
+        set_("max_batch_size", tuple(sorted(set(int(v) for v in self.max_batch_size))))
+        if self.engine == "sim":
+            set_("off_backends", ("sim",))
+        else:
+            backs = tuple(dict.fromkeys(str(b) for b in self.off_backends))
+            bad = [b for b in backs if b not in ("pytorch", "turbomind")]
+            if bad:
+                raise ConfigError(f"off_backends {bad} invalid for LMDeploy; allowed: 'pytorch', 'turbomind'")
+            set_("off_backends", backs)
+        set_("extra_flags", tuple(self.extra_flags))
+        set_("points", tuple(p if isinstance(p, NamedPoint) else NamedPoint(**p) for p in self.points))
+        # Validate every knob value once by building the extreme configs (clear ConfigError on bad input).
+        for cfg in self._corner_configs():
+            _ = cfg.key()
+        for p in self.points:
+            self.to_engine_config(p.params, extra_flags=p.extra_flags)
+
+    # ----- construction ------------------------------------------------------------------------------
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], **overrides: Any) -> SearchSpace:
+        """Build from a YAML-like mapping (``space:`` section of ``defaults.yaml`` or ``--space FILE``)."""
+        known = {f.name for f in dataclasses.fields(cls)} - {"points"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown search-space key(s) {unknown}; known: {sorted(known)}")
+        kwargs = {k: v for k, v in data.items() if v is not None}
+        kwargs.update({k: v for k, v in overrides.items() if v is not None})
+        if "extra_flags" in kwargs:
+            kwargs["extra_flags"] = tuple(kwargs["extra_flags"])
+        return cls(**kwargs)
+
+    def replace(self, **changes: Any) -> SearchSpace:
+        return dataclasses.replace(self, **changes)
+
+    def with_baselines(self) -> SearchSpace:
+        """This space plus the two baselines as named points (first in the queue), widened so that
+        both lie inside it (the searcher must be able to represent them):
+
+        - MTP off: first off-backend (``pytorch`` for LMDeploy), memory fraction and batch size as
+          the static recommendation / engine default would use (0.8, largest batch size).
+        - static recommendation: ``qwen3_5_mtp``, 4 draft tokens, memory fraction 0.8.
+        """
+        space = self.replace(
+            speculative=tuple(sorted(set(self.speculative) | {False, True})),
+            num_draft_tokens=tuple(sorted(set(self.num_draft_tokens) | {STATIC_NUM_DRAFT_TOKENS})),
+            memory_fraction=tuple(sorted(set(self.memory_fraction) | {STATIC_MEMORY_FRACTION})),
+            off_backends=self.off_backends if self.engine == "sim" else tuple(
+                dict.fromkeys(("pytorch", *self.off_backends))),
+        )
+        bs = max(space.max_batch_size)
+        off = {"speculative": False, "memory_fraction": STATIC_MEMORY_FRACTION, "max_batch_size": bs}
+        if len(space.off_backends) > 1:
+            off["backend"] = space.off_backends[0]
+        static = {"speculative": True, "num_draft_tokens": STATIC_NUM_DRAFT_TOKENS,
+                  "memory_fraction": STATIC_MEMORY_FRACTION, "max_batch_size": bs}
+        others = tuple(p for p in self.points if p.role not in BASELINE_ROLES)
+        return space.replace(points=(NamedPoint(ROLE_MTP_OFF, off), NamedPoint(ROLE_STATIC, static), *others))
+
+    # ----- points -> configs ---------------------------------------------------------------------------
+    def to_engine_config(self, params: Mapping[str, Any], *, extra_flags: Sequence[str] = ()) -> EngineConfig:
+        """The engine config for a point (``params`` as the define-by-run function suggests them)."""
+        unknown = sorted(set(params) - set(PARAM_NAMES))
+        if unknown:
+            raise ConfigError(f"unknown search parameter(s) {unknown}; known: {list(PARAM_NAMES)}")
+        spec = _as_bool(params.get("speculative", False))
+        if self.engine == "sim":
+            backend = Backend.SIM
+        elif spec:
+            backend = Backend.PYTORCH
+        else:
+            backend = Backend(params.get("backend", self.off_backends[0]))
+        return EngineConfig(
+            backend=backend,
+            model=self.model,
+            tp=self.tp,
+            speculative_algorithm=SpeculativeAlgorithm.QWEN3_5_MTP if spec else None,
+            num_draft_tokens=int(params.get("num_draft_tokens", 0)) if spec else 0,
+            memory_fraction=float(params.get("memory_fraction", STATIC_MEMORY_FRACTION)),
+            max_batch_size=(int(params["max_batch_size"]) if params.get("max_batch_size") is not None else None),
+            session_len=self.session_len,
+            max_prefill_tokens=self.max_prefill_tokens,
+            extra_flags=(*self.extra_flags, *extra_flags),
+        )
+
+    def config_from_trial_config(self, trial_config: Mapping[str, Any]) -> EngineConfig:
+        """The engine config for a Tune trial's config (search params + ``extra_flags`` constant)."""
+        params = {k: v for k, v in trial_config.items() if k in PARAM_NAMES}
+        return self.to_engine_config(params, extra_flags=tuple(trial_config.get("extra_flags") or ()))
+
+    def grid(self) -> list[tuple[dict[str, Any], EngineConfig]]:
+        """Every distinct engine config of the space (deduplicated by key), with one params dict each."""
+        seen: dict[str, tuple[dict[str, Any], EngineConfig]] = {}
+        for spec in self.speculative:
+            drafts: Sequence[int | None] = self.num_draft_tokens if spec else (None,)
+            backends: Sequence[str | None] = (None,) if (spec or len(self.off_backends) == 1) else self.off_backends
+            for d, b, mem, bs in itertools.product(drafts, backends, self.memory_fraction, self.max_batch_size):
+                params: dict[str, Any] = {"speculative": spec}
+                if b is not None:
+                    params["backend"] = b
+                if d is not None:
+                    params["num_draft_tokens"] = d
+                params.update(memory_fraction=mem, max_batch_size=bs)
+                cfg = self.to_engine_config(params)
+                seen.setdefault(cfg.key(), (params, cfg))
+        return list(seen.values())
+
+    def _corner_configs(self) -> list[EngineConfig]:
+        out = [self.to_engine_config({"speculative": False, "memory_fraction": m, "max_batch_size": bs,
+                                      **({"backend": b} if self.engine != "sim" else {})})
+               for m in (self.memory_fraction[0], self.memory_fraction[-1])
+               for bs in (self.max_batch_size[0], self.max_batch_size[-1])
+               for b in self.off_backends]
+        if True in self.speculative:
+            out += [self.to_engine_config({"speculative": True, "num_draft_tokens": d, "memory_fraction": 0.8})
+                    for d in (self.num_draft_tokens[0], self.num_draft_tokens[-1])]
+        return out
+
+    # ----- Optuna define-by-run ------------------------------------------------------------------------
+    def __call__(self, trial: Any) -> dict[str, Any] | None:
+        """Define-by-run space for ``OptunaSearch(space=...)``: suggests only the knobs that apply.
+
+        Returns the named point's constants (``role``, ``extra_flags``) from the trial's user
+        attributes, so a baseline or fault-test point keeps its tag in the Tune trial config.
+        """
+        values: dict[str, Any] = {"speculative": _suggest(trial, "speculative", self.speculative)}
+        if values["speculative"]:
+            values["num_draft_tokens"] = _suggest(trial, "num_draft_tokens", self.num_draft_tokens)
+        elif len(self.off_backends) > 1:
+            values["backend"] = _suggest(trial, "backend", self.off_backends)
+        values["memory_fraction"] = _suggest(trial, "memory_fraction", self.memory_fraction)
+        values["max_batch_size"] = _suggest(trial, "max_batch_size", self.max_batch_size)
+        attrs = getattr(trial, "user_attrs", None) or {}
+        # Returned values override the raw suggestions in the Tune config (rounded floats read better).
+        return {**values, "role": attrs.get("role", ROLE_SEARCH), "extra_flags": list(attrs.get("extra_flags", []))}
+
+    def size(self) -> int:
+        return len(self.grid())
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-ready description (written to the run folder)."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "points"}
+        d = {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+        d["points"] = [p.to_dict() for p in self.points]
+        return d
+
+
+def _as_bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.lower() in ("on", "true", "yes", "1", "off", "false", "no", "0"):
+        return v.lower() in ("on", "true", "yes", "1")
+    if isinstance(v, (int,)) and v in (0, 1):
+        return bool(v)
+    raise ConfigError(f"speculative value {v!r} is not a boolean; use true/false (or on/off)")
+
+
+def _arithmetic_step(values: tuple) -> float | int | None:
+    if len(values) < 2 or isinstance(values[0], (bool, str)):
+        return None
+    steps = {round(b - a, 6) for a, b in zip(values, values[1:])}
+    if len(steps) != 1:
+        return None
+    step = steps.pop()
+    return int(step) if all(isinstance(v, int) for v in values) else step
+
+
+def _suggest(trial: Any, name: str, values: tuple) -> Any:
+    """Ordered numeric progressions as stepped distributions (TPE uses their order); else categorical."""
+    if len(values) == 1:
+        return trial.suggest_categorical(name, list(values))
+    step = _arithmetic_step(values)
+    if step is not None and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        return trial.suggest_int(name, values[0], values[-1], step=step)
+    if step is not None:
+        v = trial.suggest_float(name, values[0], values[-1], step=step)
+        return round(v, 4)
+    return trial.suggest_categorical(name, list(values))
+
+
+def load_space_file(path: str | Path) -> dict[str, Any]:
+    """Read a ``--space`` YAML file: either a bare mapping of knobs or one under a ``space:`` key."""
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"cannot read search-space file {path}: {e}") from None
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"search-space file {path} must hold a mapping of knobs, got {type(data).__name__}")
+    return dict(data)

@@ -1,0 +1,877 @@
+"""``python -m tuning.sweep``: search engine configs per output-length bucket with Ray Tune + Optuna,
+measure the baselines under the same workloads, and commit a routing table.
+
+Without arguments it sweeps the simulated engine (calibrated profile ``intern-s2-preview-8xh200``)
+on a local Ray and finishes in a few minutes on a laptop; every figure is labelled SIMULATED.
+``--model PATH`` sweeps LMDeploy on the GPUs of the Ray cluster (``--address`` to join one).
+
+How the pieces fit:
+
+- :class:`~tuning.space.SearchSpace` is the define-by-run space given to ``OptunaSearch`` (TPE,
+  seeded, study in ``<run_dir>/optuna.db`` so ``optuna-dashboard sqlite:///<run_dir>/optuna.db``
+  opens it). The baselines (MTP off; the published static recommendation) are enqueued into that
+  study first, tagged by ``user_attrs``, so they run under the same workloads as every other trial.
+- Each Tune trial (:func:`tuning.trial.run_trial`) reserves its GPUs (``{"gpu": tp}``; the
+  simulator needs one CPU and no GPU), starts one engine, measures every bucket, stops it.
+- Budgets (``--num-trials``, ``--time-budget-s``) live in ``<run_dir>/budget.json`` and are read
+  by the searcher at every suggestion, so ``--resume`` can extend them: the sweep continues from
+  Tune's experiment state and the same Optuna study; finished trials are neither lost nor re-run.
+  The time budget is *soft*: no trial starts after it, running trials finish (an engine start is
+  too expensive to throw away half-measured).
+- Results (one row per trial x bucket x concurrency) go to ``results.parquet``/``.csv``;
+  :func:`tuning.results.pick_best` chooses per bucket; :func:`tuning.routing.commit` writes the
+  table atomically. An incomplete sweep writes no table and keeps the previous one.
+
+Objective (``--objective``). The default is ``scalar``: the mean over buckets of
+``log(output throughput)``, which ranks trials exactly like the mean of ``log(throughput / MTP-off
+baseline)`` (the baseline is a per-bucket constant), so it needs no baseline at trial time. The
+routing table takes each bucket's best from *all* measured trials whichever objective guided the
+search; the objective only decides where TPE looks next. ``benchmarks/optuna_vs_grid.py`` compares
+both on the simulator (147-config default space, 10 seeds): to get every bucket within 3% of the
+grid's best both need at most 10 distinct configs (7% of the grid); within 0.5%, scalar needs at
+most 14 and multi-objective TPE 16 — MOTPE spreads its trials along a Pareto front of four highly
+correlated objectives, while the scalar concentrates TPE on the draft axis that separates the
+buckets. So ``scalar`` is the default; ``multi`` is available.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import logging
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from orchestrator.errors import ConfigError, OrchestratorError
+from tuning import routing
+from tuning.buckets import Bucket, make_buckets
+from tuning.results import (
+    STATUS_OK,
+    Constraints,
+    failed_rows,
+    pick_best,
+    results_frame,
+    summary_rows,
+    write_results,
+)
+from tuning.routing import Provenance, RoutingTable, RoutingTableError
+from tuning.space import ROLE_SEARCH, SearchSpace, load_space_file
+from tuning.trial import ResultCache, TrialContext, metric_name, run_trial
+
+__all__ = ["SweepSpec", "SweepOutcome", "SweepError", "run_sweep", "build_spec", "main", "load_defaults"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULTS_PATH = Path(__file__).with_name("defaults.yaml")
+SIM_PROFILE = "intern-s2-preview-8xh200"
+EXPERIMENT_NAME = "tune"
+
+
+class SweepError(OrchestratorError):
+    """The sweep could not run (bad arguments, nothing to resume, Ray unavailable)."""
+
+
+def load_defaults(path: str | Path = DEFAULTS_PATH) -> dict[str, Any]:
+    try:
+        return yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise SweepError(f"cannot read sweep defaults {path}: {e}") from None
+
+
+# ----- the sweep's fixed description ------------------------------------------------------------------
+@dataclass(frozen=True)
+class SweepSpec:
+    """Everything that defines a sweep; saved as ``<run_dir>/sweep.json`` so ``--resume`` rebuilds it.
+
+    Budgets are not here (``budget.json``): a resumed sweep may get a larger one.
+    """
+
+    sweep_id: str
+    run_dir: str
+    space: SearchSpace
+    buckets: tuple[Bucket, ...]
+    objective: str = "scalar"
+    seed: int = 0
+    max_concurrent_trials: int = 1
+    trial_resources: Mapping[str, float] = field(default_factory=lambda: {"cpu": 1, "gpu": 0})
+    sim_time_scale: float | None = None
+    steady_state: Mapping[str, Any] | None = field(default_factory=lambda: {"rel_tolerance": 0.02})
+    steady_state_min_output_len: int = 4096
+    constraints: Constraints = Constraints()
+    routing_table: str | None = None
+    ready_timeout_s: float = 900.0
+    request_timeout_s: float = 3600.0
+    tokenizer: str | None = None
+    n_startup_trials: int = 8
+
+    def __post_init__(self) -> None:
+        if self.objective not in ("scalar", "multi"):
+            raise ConfigError(f"objective={self.objective!r} is invalid; allowed: 'scalar', 'multi'")
+        if self.max_concurrent_trials < 1:
+            raise ConfigError(f"max_concurrent_trials={self.max_concurrent_trials} must be >= 1")
+        if not self.buckets:
+            raise ConfigError("a sweep needs at least one bucket")
+
+    @property
+    def simulated(self) -> bool:
+        return self.space.engine == "sim"
+
+    def metrics(self) -> list[str]:
+        return [metric_name(b.name) for b in self.buckets]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sweep_id": self.sweep_id, "run_dir": self.run_dir, "space": self.space.describe(),
+            "buckets": [b.to_dict() for b in self.buckets], "objective": self.objective, "seed": self.seed,
+            "max_concurrent_trials": self.max_concurrent_trials, "trial_resources": dict(self.trial_resources),
+            "sim_time_scale": self.sim_time_scale,
+            "steady_state": dict(self.steady_state) if self.steady_state else None,
+            "steady_state_min_output_len": self.steady_state_min_output_len,
+            "constraints": self.constraints.to_dict(), "routing_table": self.routing_table,
+            "ready_timeout_s": self.ready_timeout_s, "request_timeout_s": self.request_timeout_s,
+            "tokenizer": self.tokenizer, "n_startup_trials": self.n_startup_trials,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SweepSpec:
+        d = dict(d)
+        d["space"] = SearchSpace.from_mapping({k: v for k, v in d["space"].items() if k != "points"}).replace(
+            points=tuple(d["space"].get("points", [])))
+        d["buckets"] = tuple(Bucket.from_dict(b) for b in d["buckets"])
+        d["constraints"] = Constraints(**d.get("constraints", {}))
+        return cls(**d)
+
+    def trial_context(self, cache_actor: str | None, cache_namespace: str | None) -> TrialContext:
+        return TrialContext(
+            sweep_id=self.sweep_id, run_dir=self.run_dir, space=self.space, buckets=self.buckets,
+            sim_time_scale=self.sim_time_scale, steady_state=self.steady_state,
+            steady_state_min_output_len=self.steady_state_min_output_len, cache_actor=cache_actor,
+            cache_namespace=cache_namespace, ready_timeout_s=self.ready_timeout_s,
+            request_timeout_s=self.request_timeout_s, tokenizer=self.tokenizer,
+        )
+
+
+@dataclass(frozen=True)
+class SweepOutcome:
+    """What a sweep left behind."""
+
+    spec: SweepSpec
+    results: Any  # pandas.DataFrame
+    table: RoutingTable | None
+    table_path: Path | None
+    error: str | None
+    results_paths: tuple[Path, ...]
+    wall_s: float
+
+
+# ----- budgets (read by the searcher at every suggestion) ---------------------------------------------
+def write_budget(run_dir: str | Path, *, num_trials: int | None, time_budget_s: float | None) -> dict[str, Any]:
+    budget = {"num_trials": num_trials,
+              "deadline": (time.time() + time_budget_s) if time_budget_s else None,
+              "time_budget_s": time_budget_s, "written_at": time.time()}
+    p = Path(run_dir) / "budget.json"
+    tmp = p.with_name(".budget.json.tmp")
+    tmp.write_text(json.dumps(budget, indent=2))
+    tmp.replace(p)
+    return budget
+
+
+def _read_budget(path: str) -> dict[str, Any]:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _make_searchers() -> tuple[type, type]:
+    """Searcher classes are built lazily so that importing this module does not import Ray Tune."""
+    from ray.tune.search import SearchGenerator, Searcher
+
+    class BudgetedSearch(Searcher):
+        """Wraps ``OptunaSearch`` with budgets and dedupe.
+
+        Budgets: stops suggesting once the trial or time budget (re-read from ``budget.json`` every
+        time) is spent. Trials are counted in the Optuna study itself (trials asked of it, minus the
+        duplicates below), so the count survives restarts.
+
+        Dedupe: a suggestion whose engine command was already measured in this sweep is told to
+        Optuna at once with the measured result (tagged ``duplicate_of``) and TPE is asked again, so
+        a Tune trial — and the budget — goes to a config not yet measured. After
+        ``max_dedupe_attempts`` the duplicate is run anyway; the trial then reports the cached
+        result (see :class:`tuning.trial.ResultCache`)."""
+
+        max_dedupe_attempts = 20
+
+        def __init__(self, searcher: Any, budget_path: str, space: SearchSpace) -> None:
+            super().__init__(metric=searcher.metric, mode=searcher.mode)
+            self.searcher = searcher
+            self.budget_path = budget_path
+            self.space = space
+            self.known: dict[str, dict[str, Any]] = {}
+            self.running: dict[str, str] = {}  # trial id -> engine key, suggested and not complete
+
+        def _asked(self) -> int:
+            from optuna.trial import TrialState
+
+            study = self.searcher._ot_study
+            return sum(1 for t in study.get_trials(deepcopy=False)
+                       if t.state != TrialState.WAITING and "duplicate_of" not in t.user_attrs)
+
+        def _key(self, config: Mapping[str, Any]) -> str | None:
+            try:
+                return self.space.config_from_trial_config(config).key()
+            except ConfigError:
+                return None
+
+        def suggest(self, trial_id: str) -> dict | None:
+            budget = _read_budget(self.budget_path)
+            n, deadline = budget.get("num_trials"), budget.get("deadline")
+            if deadline is not None and time.time() >= deadline:
+                return Searcher.FINISHED
+            if trial_id in self.searcher._ot_trials:
+                return self.searcher.suggest(trial_id)
+            if n is not None and self._asked() >= n:
+                return Searcher.FINISHED
+            inner = self.searcher
+            for attempt in range(self.max_dedupe_attempts):
+                tmp = f"{trial_id}~{attempt}"
+                config = inner.suggest(tmp)
+                key = self._key(config)
+                known = self.known.get(key) if key else None
+                running = key is not None and key in self.running.values()
+                if (known is None and not running) or attempt == self.max_dedupe_attempts - 1:
+                    inner._ot_trials[trial_id] = inner._ot_trials.pop(tmp)
+                    if key:
+                        self.running[trial_id] = key
+                    return config
+                inner._ot_trials[tmp].set_user_attr("duplicate_of", key)
+                # Measured: tell TPE the measured value. Being measured: pruned (TPE ignores it).
+                inner.on_trial_complete(tmp, result=known)
+            return None  # unreachable
+
+        def on_trial_result(self, trial_id: str, result: dict) -> None:
+            self.searcher.on_trial_result(trial_id, result)
+
+        def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+            self.running.pop(trial_id, None)
+            if result and result.get("engine_key") and not error:
+                keep = {k: v for k, v in result.items() if k == "score" or k.startswith("tput_")}
+                self.known.setdefault(result["engine_key"], keep)
+            self.searcher.on_trial_complete(trial_id, result=result, error=error)
+
+        def set_search_properties(self, metric: Any, mode: Any, config: dict, **spec: Any) -> bool:
+            return self.searcher.set_search_properties(metric, mode, config, **spec)
+
+        @property
+        def metric(self) -> Any:
+            return self.searcher.metric
+
+        @property
+        def mode(self) -> Any:
+            return self.searcher.mode
+
+        def get_state(self) -> dict:
+            return {"budget_path": self.budget_path, "known": dict(self.known), "running": dict(self.running)}
+
+        def set_state(self, state: dict) -> None:
+            self.budget_path = state.get("budget_path", self.budget_path)
+            self.known = dict(state.get("known", {}))
+            self.running = dict(state.get("running", {}))
+
+        def save(self, checkpoint_path: str) -> None:
+            self.searcher.save(checkpoint_path)
+
+        def restore(self, checkpoint_path: str) -> None:
+            self.searcher.restore(checkpoint_path)
+
+    class ResumableSearchGenerator(SearchGenerator):
+        """Tune marks its search generator finished once the searcher says so and saves that flag; a
+        resumed sweep with a larger budget must ask again, so the flag is not restored (the
+        budgeted searcher says FINISHED again at once if the budget is still spent)."""
+
+        def set_state(self, state: dict) -> None:
+            super().set_state(state)
+            self._finished = False
+
+    return BudgetedSearch, ResumableSearchGenerator
+
+
+def _trial_dirname(trial: Any) -> str:
+    return f"trial_{trial.trial_id}"
+
+
+def _study_name(spec: SweepSpec) -> str:
+    return f"mtp-sweep-{spec.sweep_id}"
+
+
+def _storage(spec: SweepSpec) -> Any:
+    import optuna
+
+    return optuna.storages.RDBStorage(f"sqlite:///{Path(spec.run_dir).resolve() / 'optuna.db'}")
+
+
+def _directions(spec: SweepSpec) -> dict[str, Any]:
+    if spec.objective == "multi":
+        return {"directions": ["maximize"] * len(spec.buckets)}
+    return {"direction": "maximize"}
+
+
+def _enqueue_named_points(spec: SweepSpec, storage: Any) -> None:
+    """Baselines (and test points) first, tagged by user_attrs the define-by-run space returns."""
+    import optuna
+
+    study = optuna.create_study(storage=storage, study_name=_study_name(spec), load_if_exists=True,
+                                **_directions(spec))
+    if study.get_trials(deepcopy=False):
+        return  # resumed: already enqueued (and probably run)
+    for p in spec.space.points:
+        study.enqueue_trial(dict(p.params), user_attrs={"role": p.role, "extra_flags": list(p.extra_flags)},
+                            skip_if_exists=False)
+
+
+def _build_search_alg(spec: SweepSpec) -> Any:
+    import warnings
+
+    import optuna
+
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    from ray.tune.search import ConcurrencyLimiter
+    from ray.tune.search.optuna import OptunaSearch
+
+    storage = _storage(spec)
+    _enqueue_named_points(spec, storage)
+    sampler = optuna.samplers.TPESampler(seed=spec.seed, multivariate=True, group=True,
+                                         constant_liar=spec.max_concurrent_trials > 1,
+                                         n_startup_trials=spec.n_startup_trials)
+    if spec.objective == "multi":
+        metric: Any = spec.metrics()
+        mode: Any = ["max"] * len(metric)
+    else:
+        metric, mode = "score", "max"
+    optuna_search = OptunaSearch(space=spec.space, metric=metric, mode=mode, sampler=sampler,
+                                 study_name=_study_name(spec), storage=storage)
+    BudgetedSearch, ResumableSearchGenerator = _make_searchers()
+    budgeted = BudgetedSearch(optuna_search, str(Path(spec.run_dir) / "budget.json"), spec.space)
+    limited = ConcurrencyLimiter(budgeted, max_concurrent=spec.max_concurrent_trials)
+    return ResumableSearchGenerator(limited)
+
+
+# ----- progress (a Tune callback; the rich display is one implementation, never fatal) ----------------
+class SweepProgress:
+    """Live progress: trials done / running / failed and the best figure so far per bucket."""
+
+    def __init__(self, buckets: Sequence[str], *, simulated: bool, live: bool = True) -> None:
+        self.buckets = list(buckets)
+        self.simulated = simulated
+        self.live = live
+        self.running: set[str] = set()
+        self.done = 0
+        self.failed = 0
+        self.cached = 0
+        self.best: dict[str, tuple[float, str]] = {}
+        self._display: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_display"] = None
+        return state
+
+    def start(self) -> None:
+        if not self.live:
+            return
+        try:
+            from rich.console import Console
+            from rich.live import Live
+
+            self._display = Live(self.render(), console=Console(stderr=True), refresh_per_second=2, transient=False)
+            self._display.start()
+        except Exception:  # noqa: BLE001 - display errors are never fatal
+            logger.exception("progress display failed to start")
+            self._display = None
+
+    def stop(self) -> None:
+        if self._display is not None:
+            try:
+                self._display.update(self.render())
+                self._display.stop()
+            except Exception:  # noqa: BLE001
+                logger.exception("progress display failed to stop")
+            self._display = None
+
+    def on_start(self, trial_id: str) -> None:
+        self.running.add(trial_id)
+        self._refresh()
+
+    def on_result(self, trial_id: str, result: Mapping[str, Any]) -> None:
+        self.running.discard(trial_id)
+        self.done += 1
+        if result.get("status") != STATUS_OK:
+            self.failed += 1
+        if result.get("cached"):
+            self.cached += 1
+        for b in self.buckets:
+            v = float(result.get(metric_name(b)) or 0.0)
+            if v > 0 and v > self.best.get(b, (0.0, ""))[0]:
+                self.best[b] = (v, str(result.get("engine_label") or ""))
+        self._refresh()
+
+    def on_error(self, trial_id: str) -> None:
+        self.running.discard(trial_id)
+        self.done += 1
+        self.failed += 1
+        self._refresh()
+
+    def _refresh(self) -> None:
+        if self._display is not None:
+            try:
+                self._display.update(self.render())
+            except Exception:  # noqa: BLE001
+                logger.exception("progress display failed")
+
+    def render(self) -> Any:
+        from rich.table import Table
+
+        label = " [bold yellow]SIMULATED[/]" if self.simulated else ""
+        t = Table(title=f"sweep{label}: {self.done} done ({self.failed} failed, {self.cached} cached), "
+                        f"{len(self.running)} running", title_justify="left")
+        t.add_column("bucket")
+        t.add_column("best output tok/s so far", justify="right")
+        t.add_column("config")
+        for b in self.buckets:
+            v, lab = self.best.get(b, (0.0, "-"))
+            t.add_row(b, f"{v:,.0f}" if v else "-", lab)
+        return t
+
+
+def _make_callback(progress: SweepProgress) -> Any:
+    from ray.tune import Callback
+
+    class ProgressCallback(Callback):
+        def __init__(self, progress: SweepProgress) -> None:
+            self.progress = progress
+
+        def setup(self, **info: Any) -> None:
+            self.progress.start()
+
+        def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            self.progress.on_start(trial.trial_id)
+
+        def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+            self.progress.on_result(trial.trial_id, result)
+
+        def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            self.progress.on_error(trial.trial_id)
+
+        def on_experiment_end(self, trials: list, **info: Any) -> None:
+            self.progress.stop()
+
+    return ProgressCallback(progress)
+
+
+# ----- provenance ------------------------------------------------------------------------------------
+def detect_gpus() -> tuple[str, int]:
+    """(GPU type, count) of this node: nvidia-smi, else torch, else none."""
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                 text=True, timeout=20, check=True).stdout.strip().splitlines()
+            if out:
+                return out[0].strip(), len(out)
+        except (OSError, subprocess.SubprocessError):
+            pass
+    try:
+        import torch  # type: ignore[import-not-found]
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(0), torch.cuda.device_count()
+    except Exception:  # noqa: BLE001 - torch absent or broken: no GPU info
+        pass
+    return "none", 0
+
+
+def _versions(spec: SweepSpec) -> dict[str, str]:
+    out = {}
+    for pkg in (("lmdeploy",) if not spec.simulated else ()) + ("ray", "optuna", "mtp-autotune"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    if spec.simulated:
+        out["engine"] = f"simulator (profile {spec.space.model})"
+    return out
+
+
+def provenance_for(spec: SweepSpec) -> Provenance:
+    if spec.simulated:
+        gpu_type, gpu_count = "none (simulated)", 0
+    else:
+        gpu_type, count = detect_gpus()
+        gpu_count = spec.space.tp if count else 0
+    return Provenance(
+        model=spec.space.model, gpu_type=gpu_type, gpu_count=gpu_count, engine_versions=_versions(spec),
+        sweep_id=spec.sweep_id, created_at=routing.utc_now_iso(), simulated=spec.simulated,
+        workload={"buckets": {b.name: {"workload": b.workload.to_dict(),
+                                       "concurrency_levels": list(b.concurrency_levels)} for b in spec.buckets},
+                  "steady_state": dict(spec.steady_state) if spec.steady_state else None,
+                  "steady_state_min_output_len": spec.steady_state_min_output_len,
+                  "sim_time_scale": spec.sim_time_scale},
+        objective=f"output_throughput (search: {spec.objective})", constraints=spec.constraints.to_dict(),
+    )
+
+
+# ----- results from Tune ---------------------------------------------------------------------------------
+def rows_from_result_grid(grid: Any, spec: SweepSpec) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for res in grid:
+        metrics = res.metrics or {}
+        if metrics.get("rows_json"):
+            rows.extend(json.loads(metrics["rows_json"]))
+            continue
+        trial_id = metrics.get("trial_id") or Path(str(res.path)).name
+        cfg = res.config or {}
+        try:
+            config = spec.space.config_from_trial_config(cfg)
+        except ConfigError:
+            config = None
+        reason = f"trial errored: {res.error}" if res.error else "trial reported nothing (stopped or interrupted)"
+        rows.extend(failed_rows(sweep_id=spec.sweep_id, trial_id=trial_id, role=str(cfg.get("role") or ROLE_SEARCH),
+                                config=config, buckets=spec.buckets, reason=reason[:1500]))
+    return rows
+
+
+def _cache_seed(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Rows of measured (not cached) trials by engine key, to seed a resumed sweep's cache."""
+    by_key: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("engine_key") and not r.get("cached") and "trial errored" not in str(r.get("failure_reason")):
+            by_key.setdefault(r["engine_key"], []).append(dict(r))
+    return by_key
+
+
+# ----- running a sweep ------------------------------------------------------------------------------------
+def run_sweep(
+    spec: SweepSpec,
+    *,
+    num_trials: int | None,
+    time_budget_s: float | None = None,
+    resume: bool = False,
+    live: bool = True,
+    commit_to: Sequence[str | Path] = (),
+) -> SweepOutcome:
+    """Run (or resume) a sweep on the Ray cluster this process is connected to; write results and the
+    routing table. Returns the outcome; an incomplete result is reported in ``outcome.error`` (the
+    previous routing table is untouched), never raised."""
+    import ray
+    from ray import tune
+
+    if not ray.is_initialized():
+        raise SweepError("Ray is not initialised; call ray.init() (the CLI does this) before run_sweep")
+    t0 = time.monotonic()
+    run_dir = Path(spec.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    exp_path = run_dir / EXPERIMENT_NAME
+    (run_dir / "sweep.json").write_text(json.dumps(spec.to_dict(), indent=2))
+    write_budget(run_dir, num_trials=num_trials, time_budget_s=time_budget_s)
+
+    namespace = ray.get_runtime_context().namespace
+    cache_name = f"mtp-sweep-cache-{spec.sweep_id}-{uuid.uuid4().hex[:6]}"
+    if resume and not tune.Tuner.can_restore(str(exp_path)):
+        raise SweepError(f"nothing to resume in {run_dir}: no Tune experiment state under {exp_path}; "
+                         "start a new sweep without --resume")
+    if not resume and exp_path.exists():
+        raise SweepError(f"{run_dir} already holds a sweep; pass --resume {run_dir} to continue it, "
+                         "or choose a new --run-dir")
+    cache = ray.remote(ResultCache).options(name=cache_name, namespace=namespace, num_cpus=0).remote()
+    trainable = tune.with_resources(
+        tune.with_parameters(run_trial, context=spec.trial_context(cache_name, namespace)),
+        dict(spec.trial_resources),
+    )
+    progress = SweepProgress([b.name for b in spec.buckets], simulated=spec.simulated, live=live)
+    try:
+        if resume:
+            tuner = tune.Tuner.restore(str(exp_path), trainable=trainable, resume_unfinished=True,
+                                       resume_errored=True)
+            # Seed the dedupe cache with what was measured before, so no config is started twice.
+            for key, rows in _cache_seed(rows_from_result_grid(tuner.get_results(), spec)).items():
+                ray.get(cache.put.remote(key, rows))
+        else:
+            tuner = tune.Tuner(
+                trainable,
+                tune_config=tune.TuneConfig(search_alg=_build_search_alg(spec), num_samples=-1,
+                                            reuse_actors=False,
+                                            trial_dirname_creator=_trial_dirname),
+                run_config=tune.RunConfig(
+                    name=EXPERIMENT_NAME, storage_path=str(run_dir.resolve()), verbose=0,
+                    failure_config=tune.FailureConfig(max_failures=0),
+                    callbacks=[_make_callback(progress)],
+                ),
+            )
+        grid = tuner.fit()
+    finally:
+        progress.stop()
+        ray.kill(cache)
+
+    rows = rows_from_result_grid(grid, spec)
+    df = results_frame(rows)
+    paths = write_results(df, run_dir)
+    table = table_path = None
+    error = None
+    try:
+        table = pick_best(df, spec.buckets, spec.constraints, provenance=provenance_for(spec))
+        table_path = Path(spec.run_dir) / "routing_table.json"
+        written = routing.commit(table, table_path)
+        for extra in dict.fromkeys(Path(p) for p in [*([spec.routing_table] if spec.routing_table else []), *commit_to]):
+            if extra.resolve() != table_path.resolve():
+                routing.commit(table, extra)
+        table = written
+    except RoutingTableError as e:
+        error = str(e)
+    return SweepOutcome(spec=spec, results=df, table=table, table_path=table_path, error=error,
+                        results_paths=paths, wall_s=time.monotonic() - t0)
+
+
+# ----- building a spec from defaults + file + flags -------------------------------------------------------
+def new_sweep_id() -> str:
+    return f"sweep-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+def build_spec(args: argparse.Namespace, defaults: Mapping[str, Any] | None = None,
+               cluster_gpus: int = 0, cluster_cpus: int = 2) -> SweepSpec:
+    """Defaults (``defaults.yaml``; its ``sim`` section when no ``--model``), then ``--space FILE``,
+    then flags."""
+    d = dict(defaults if defaults is not None else load_defaults())
+    simulated = not args.model
+    sim = d.get("sim", {}) if simulated else {}
+    space_cfg = {**d.get("space", {}), **sim.get("space", {})}
+    if args.space:
+        space_cfg.update(load_space_file(args.space).get("space", None) or load_space_file(args.space))
+    overrides = {
+        "speculative": args.speculative, "num_draft_tokens": args.num_draft_tokens,
+        "memory_fraction": args.memory_fraction, "max_batch_size": args.max_batch_size,
+        "off_backends": args.backends,
+    }
+    space_cfg.update({k: v for k, v in overrides.items() if v is not None})
+    tp = args.tp or sim.get("tp") or d.get("tp", 8)
+    if simulated:
+        space_cfg.update(engine="sim", model=args.sim_profile or sim.get("profile", SIM_PROFILE), tp=tp)
+    else:
+        space_cfg.update(engine="lmdeploy", model=args.model, tp=tp)
+    if args.session_len:
+        space_cfg["session_len"] = args.session_len
+    space = SearchSpace.from_mapping(space_cfg).with_baselines()
+
+    bcfg = {**d.get("buckets", {}), **sim.get("buckets", {})}
+    if args.buckets:
+        bcfg["bounds"] = [int(x) for x in args.buckets.split(",")]
+    if args.concurrency:
+        bcfg["concurrency_levels"] = [int(x) for x in args.concurrency.split(",")]
+    if args.num_prompts:
+        bcfg["num_prompts"] = args.num_prompts
+    num_prompts = bcfg.get("num_prompts", 256)
+    if isinstance(num_prompts, Mapping):
+        num_prompts = {int(k): int(v) for k, v in num_prompts.items()}
+        bounds = bcfg.get("bounds", [1024, 4096, 8192, 16384])
+        missing = [b for b in bounds if b not in num_prompts]
+        if missing:
+            fallback = max(num_prompts.values())
+            num_prompts = {**{b: fallback for b in missing}, **num_prompts}
+    buckets = make_buckets(
+        bcfg.get("bounds", (1024, 4096, 8192, 16384)), input_len=int(bcfg.get("input_len", 1024)),
+        range_ratio=float(bcfg.get("range_ratio", 0.5)), concurrency_levels=bcfg.get("concurrency_levels", (64,)),
+        num_prompts=num_prompts, temperature=float(bcfg.get("temperature", 0.0)), seed=int(bcfg.get("seed", 0)),
+        dataset=args.dataset or bcfg.get("dataset", "random"), sharegpt_path=args.dataset_path,
+    )
+    sweep_cfg = {**d.get("sweep", {}), **sim.get("sweep", {})}
+    if simulated:
+        resources = {"cpu": 1, "gpu": 0}
+        max_conc = args.max_concurrent_trials or min(int(sweep_cfg.get("max_concurrent_trials", 2)),
+                                                     max(1, cluster_cpus))
+    else:
+        resources = {"cpu": 1, "gpu": tp}
+        max_conc = args.max_concurrent_trials or max(1, cluster_gpus // tp)
+    sweep_id = args.sweep_id or new_sweep_id()
+    run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / sweep_id
+    steady = d.get("steady_state", {"rel_tolerance": 0.02})
+    if args.no_early_stop:
+        steady = None
+    return SweepSpec(
+        sweep_id=sweep_id, run_dir=str(run_dir.resolve()), space=space, buckets=buckets,
+        objective=args.objective or sweep_cfg.get("objective", "scalar"),
+        seed=args.seed if args.seed is not None else int(sweep_cfg.get("seed", 0)),
+        max_concurrent_trials=max_conc, trial_resources=resources,
+        sim_time_scale=(args.sim_time_scale or float(sim.get("time_scale", 50.0))) if simulated else None,
+        steady_state=steady, steady_state_min_output_len=int(d.get("steady_state_min_output_len", 4096)),
+        constraints=Constraints(max_tpot_ms=args.max_tpot_ms, max_ttft_ms=args.max_ttft_ms),
+        routing_table=args.routing_table, tokenizer=args.tokenizer or (args.model if not simulated else None),
+        n_startup_trials=int(sweep_cfg.get("n_startup_trials", 8)),
+        ready_timeout_s=float(sweep_cfg.get("ready_timeout_s", 900.0)),
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m tuning.sweep",
+        description="Search LMDeploy MTP engine configs per output-length bucket (Ray Tune + Optuna TPE), "
+                    "measure the MTP-off and static-recommendation baselines under the same workloads, and "
+                    "commit a routing table. With no arguments: a SIMULATED sweep of the calibrated profile "
+                    f"{SIM_PROFILE} on a local Ray (a few minutes on 2 CPU cores, no GPU).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", help="checkpoint path or hub id: sweep LMDeploy on GPUs (omit for the simulator)")
+    g.add_argument("--sim-profile", help=f"simulator profile name or JSON path (no --model); default {SIM_PROFILE}")
+    g.add_argument("--sim-time-scale", type=float, help="simulator speed-up (figures stay in simulated time); "
+                   "default from defaults.yaml")
+    g.add_argument("--tp", type=int, help="tensor-parallel degree = GPUs per trial (default 8)")
+    g.add_argument("--session-len", type=int, help="--session-len for every engine")
+    g.add_argument("--tokenizer", help="tokenizer path for LMDeploy workloads (default: --model)")
+    s = p.add_argument_group("search space (narrow/widen the defaults)")
+    s.add_argument("--space", help="YAML file with knobs: speculative, num_draft_tokens, memory_fraction, "
+                   "max_batch_size, off_backends (lists, or {low, high, step})")
+    s.add_argument("--speculative", type=lambda v: [x.strip() for x in v.split(",")],
+                   help="MTP switch values, e.g. 'true' or 'false,true'")
+    s.add_argument("--num-draft-tokens", type=_int_list, help="LMDeploy draft tokens, e.g. 1,2,3,4 "
+                   "(sglang steps=k / draft tokens=k+1 is LMDeploy k)")
+    s.add_argument("--memory-fraction", type=_float_list, help="--cache-max-entry-count values, e.g. 0.7,0.8,0.9")
+    s.add_argument("--max-batch-size", type=_int_list, help="--max-batch-size values, e.g. 64,128,256")
+    s.add_argument("--backends", type=lambda v: v.split(","), help="backends tried with MTP off (pytorch,turbomind)")
+    w = p.add_argument_group("workloads")
+    w.add_argument("--buckets", help="output-length bucket bounds, e.g. 1024,4096,8192,16384")
+    w.add_argument("--concurrency", help="concurrency levels per bucket, primary first, e.g. 64,128")
+    w.add_argument("--num-prompts", type=int, help="prompts per bucket (default per bucket from defaults.yaml)")
+    w.add_argument("--dataset", choices=["random", "sharegpt"], help="dataset (default random)")
+    w.add_argument("--dataset-path", help="ShareGPT JSON for --dataset sharegpt")
+    w.add_argument("--no-early-stop", action="store_true", help="run every request to completion (no "
+                   "steady-state early stop)")
+    r = p.add_argument_group("search and budgets")
+    r.add_argument("--num-trials", type=int, help="trials in total, baselines included (default from defaults.yaml)")
+    r.add_argument("--time-budget-s", type=float, help="no new trial starts after this many seconds (running "
+                   "trials finish)")
+    r.add_argument("--objective", choices=["scalar", "multi"], help="scalar: mean log throughput over buckets; "
+                   "multi: one objective per bucket (multi-objective TPE)")
+    r.add_argument("--seed", type=int, help="TPE seed")
+    r.add_argument("--max-concurrent-trials", type=int, help="parallel trials (default: cluster GPUs // tp; "
+                   "simulator: up to 2 per the CPUs)")
+    r.add_argument("--max-tpot-ms", type=float, help="a bucket's chosen config must have median TPOT <= this")
+    r.add_argument("--max-ttft-ms", type=float, help="a bucket's chosen config must have median TTFT <= this")
+    o = p.add_argument_group("where")
+    o.add_argument("--run-dir", help="folder for everything (default runs/<sweep id>/)")
+    o.add_argument("--sweep-id", help="sweep id (default sweep-<date>-<random>)")
+    o.add_argument("--routing-table", help="commit the routing table here too (default <run-dir>/routing_table.json)")
+    o.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted sweep in RUN_DIR (same study, "
+                   "no finished trial re-run); --num-trials / --time-budget-s set the new budget")
+    o.add_argument("--address", help="join this Ray cluster (e.g. 'auto' or ray://host:10001) instead of a local Ray")
+    o.add_argument("--num-cpus", type=int, help="CPUs for the local Ray (default: all)")
+    o.add_argument("--no-live", action="store_true", help="no live progress display")
+    return p
+
+
+def _int_list(v: str) -> list[int]:
+    return [int(x) for x in v.split(",") if x.strip()]
+
+
+def _float_list(v: str) -> list[float]:
+    return [float(x) for x in v.split(",") if x.strip()]
+
+
+def print_summary(outcome: SweepOutcome, *, console: Any = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    spec = outcome.spec
+    tag = "SIMULATED — simulator profile, not a GPU measurement" if spec.simulated else "measured on GPUs"
+    df = outcome.results
+    n_trials = df["trial_id"].nunique() if not df.empty else 0
+    n_failed = df[df["status"] != STATUS_OK]["trial_id"].nunique() if not df.empty else 0
+    if outcome.table is not None:
+        t = Table(title=f"Best config per bucket ({tag})", title_justify="left")
+        for col, just in (("bucket", "left"), ("best config", "left"), ("output tok/s", "right"),
+                          ("accept len", "right"), ("vs MTP off", "right"), ("vs static", "right")):
+            t.add_column(col, justify=just, no_wrap=col == "best config")  # type: ignore[arg-type]
+        for r in summary_rows(outcome.table):
+            t.add_row(r["bucket"], r["config"] + ("".join(f"\n  {v}" for v in r["load_variants"])),
+                      f"{r['output_throughput']:,.0f}",
+                      f"{r['accept_length']:.2f}" if r["accept_length"] else "-",
+                      _pct(r["gain_vs_mtp_off"]), _pct(r["gain_vs_static"]))
+        console.print(t)
+    else:
+        console.print(f"[bold red]No routing table written[/] ({tag}):\n{outcome.error}")
+    console.print(f"{n_trials} trials ({n_failed} failed) in {outcome.wall_s:.0f} s; sweep id {spec.sweep_id}")
+    console.print(f"results:        {outcome.results_paths[0]}\n                {outcome.results_paths[1]}")
+    if outcome.table_path is not None:
+        console.print(f"routing table:  {outcome.table_path} (version {outcome.table.version})")
+    console.print(f"optuna study:   optuna-dashboard sqlite:///{Path(spec.run_dir) / 'optuna.db'}")
+    console.print(f"engine logs:    {Path(spec.run_dir) / 'engine-logs'}")
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v * 100:+.1f}%"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    import ray
+
+    defaults = load_defaults()
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "0")
+    if not ray.is_initialized():
+        if args.address:
+            ray.init(address=args.address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=args.num_cpus or os.cpu_count() or 2, include_dashboard=False, log_to_driver=False,
+                     configure_logging=True, logging_level=logging.WARNING)
+    cluster = ray.cluster_resources()
+    try:
+        if args.resume:
+            spec_path = Path(args.resume) / "sweep.json"
+            try:
+                spec = SweepSpec.from_dict(json.loads(spec_path.read_text()))
+            except (OSError, ValueError, KeyError) as e:
+                raise SweepError(f"cannot resume from {args.resume}: {spec_path} is missing or invalid ({e})") from None
+            budget = _read_budget(str(Path(args.resume) / "budget.json"))
+            num_trials = args.num_trials or budget.get("num_trials")
+            resume = True
+        else:
+            spec = build_spec(args, defaults, cluster_gpus=int(cluster.get("GPU", 0)),
+                              cluster_cpus=int(cluster.get("CPU", 2)))
+            sweep_cfg = {**defaults.get("sweep", {}), **(defaults.get("sim", {}).get("sweep", {}) if not args.model else {})}
+            num_trials = args.num_trials or int(sweep_cfg.get("num_trials", 40))
+            resume = False
+        if not spec.simulated and int(cluster.get("GPU", 0)) < spec.space.tp:
+            raise SweepError(f"the Ray cluster has {int(cluster.get('GPU', 0))} GPUs but a trial needs tp={spec.space.tp}; "
+                             "join a GPU cluster with --address, lower --tp, or omit --model for the simulator")
+        from rich.console import Console
+
+        console = Console()
+        label = "[bold yellow]SIMULATED[/] " if spec.simulated else ""
+        console.print(f"{label}sweep {spec.sweep_id}: {spec.space.size()} distinct configs, "
+                      f"{len(spec.buckets)} buckets, budget {num_trials} trials, "
+                      f"{spec.max_concurrent_trials} in parallel; run dir {spec.run_dir}")
+        outcome = run_sweep(spec, num_trials=num_trials, time_budget_s=args.time_budget_s, resume=resume,
+                            live=not args.no_live, commit_to=())
+        print_summary(outcome, console=console)
+        return 0 if outcome.table is not None else 3
+    except (OrchestratorError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
