@@ -8,6 +8,9 @@ from orchestrator.config import EngineConfig
 from tuning import routing
 from tuning.buckets import make_buckets
 from tuning.results import (
+    STATUS_FAILED,
+    STATUS_OK,
+    bench_status,
     Constraints,
     IncompleteResultsError,
     pick_best,
@@ -122,3 +125,14 @@ def test_results_files_round_trip(tmp_path):
     assert {"engine_key", "num_draft_tokens", "output_throughput", "tpot_ms_median", "sweep_id",
             "failure_reason", "concurrency", "bucket"} <= set(back.columns)
     assert pd.read_csv(csv).shape[0] == len(df)
+
+
+def test_early_stopped_run_with_no_completed_request_counts_but_an_empty_run_does_not():
+    """Long buckets stop at steady state before any 16k-token request finishes: that is a
+    measurement (cancelled requests are not failures); a run with nothing completed is not."""
+    early = {**_bench(9000.0), "completed": 0, "cancelled": 64, "early_stopped": True,
+             "steady_state": {"throughput": 9000.0, "half_width": 90.0}}
+    assert bench_status(early) == (STATUS_OK, "")
+    empty = {**_bench(0.0), "completed": 0}
+    status, reason = bench_status(empty)
+    assert status == STATUS_FAILED and "no request completed" in reason

@@ -642,10 +642,13 @@ async def _send(
     timeout: aiohttp.ClientTimeout,
     max_tokens: int,
     clock: SimClock | None = None,
+    sim_hold: bool = False,
 ) -> RequestOutput:
     """Send one streaming request; every failure becomes a :class:`RequestOutput` (cancellation
     propagates: the caller records the partial state)."""
     payload = _payload(w, model, state.spec, max_tokens)
+    if sim_hold:
+        payload["sim_hold"] = True  # closed loop on the simulator: see SimClock
     state.started_at = time.monotonic()
     got_done = False
     try:
@@ -735,6 +738,7 @@ class _RunHooks(_Hooks):
         self.started = 0
         self.first_wave: set[int] = set()
         self.first_wave_resolved = 0
+        self.latest = -math.inf  # newest token time seen
 
     def on_slot(self, state: _RequestState) -> None:
         self.started += 1
@@ -757,6 +761,7 @@ class _RunHooks(_Hooks):
         self._resolve_first_wave(state, t)
 
     def on_tokens(self, t: float, n: float) -> None:
+        self.latest = max(self.latest, t)
         if self.tracker is not None:
             self.tracker.add_tokens(t, n)
 
@@ -850,11 +855,10 @@ async def run_benchmark(
         )
         if info.sim_clock is not None:
             # On the simulator's timeline: the run began when its first request arrived there and
-            # (unless stopped early) ended when it produced its last token, not when that was delivered.
+            # ended when it produced its last token (not when that was delivered).
             t0 = min([o.started_at for o in outputs if o.ttft is not None], default=t0)
-            if not early:
-                stamps = [o.last_token_at for o in outputs if o.last_token_at is not None]
-                t_end = max(stamps, default=t_end)
+            stamps = [o.last_token_at for o in outputs if o.last_token_at is not None]
+            t_end = max(stamps, default=t_end)
         after = await _scrape_spec_counters(session, base_url, min(PROBE_TIMEOUT_S, request_timeout_s))
         finished_iso = _utc_iso()
     finally:
@@ -938,7 +942,9 @@ async def _dispatch_all(
         async def go() -> None:
             nonlocal finished
             hooks.on_slot(state)
-            out = await _send(session, url, w, model, state, counter, hooks, timeout, state.spec.output_len, clock)
+            # Closed loop on the simulator: this request's slot is taken by a new one when it finishes.
+            hold = clock is not None and sem is not None and math.isinf(w.request_rate) and state.index < total - (concurrency or 0)
+            out = await _send(session, url, w, model, state, counter, hooks, timeout, state.spec.output_len, clock, hold)
             state.done = True
             outputs[state.index] = out
             now = time.monotonic()
@@ -967,9 +973,10 @@ async def _dispatch_all(
         assert tracker is not None
         while True:
             await asyncio.sleep(tracker.window_wall_s)
-            # Stamped tokens are delivered up to a few ms after their time: judge only windows
-            # that closed at least DELIVERY_LAG_S ago.
-            now = time.monotonic() - (DELIVERY_LAG_S if clock is not None else 0.0)
+            # Stamped tokens are delivered up to a few ms after their time, on the simulator's clock
+            # (which stands still during closed-loop holds): judge only windows that closed at
+            # least DELIVERY_LAG_S before the newest stamp seen.
+            now = (hooks.latest - DELIVERY_LAG_S) if clock is not None else time.monotonic()
             est = tracker.converged(now)
             if est is not None:
                 tracker.stopped_with = est  # the estimate the decision was made on is the one reported

@@ -107,10 +107,11 @@ def figure_columns(bench: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def bench_status(bench: Mapping[str, Any]) -> tuple[str, str]:
-    """A bucket measurement counts only when every request completed: a config that drops requests
-    must not win on the throughput of the ones it kept."""
+    """A bucket measurement counts only when no request failed: a config that drops requests must
+    not win on the throughput of the ones it kept. A run stopped early at steady state may have
+    completed none (long outputs): its cancelled requests are not failures."""
     completed, failed = int(bench.get("completed") or 0), int(bench.get("failed") or 0)
-    if completed == 0:
+    if completed == 0 and not (bench.get("early_stopped") and bench.get("steady_state")):
         return STATUS_FAILED, f"no request completed; failures: {bench.get('failure_reasons') or {}}"
     if failed:
         return STATUS_FAILED, f"{failed} of {completed + failed} requests failed: {bench.get('failure_reasons') or {}}"
@@ -143,6 +144,10 @@ def rows_for_trial(
                 row.update(status=STATUS_FAILED, failure_reason=failure or "not measured")
             else:
                 status, reason = bench_status(bench)
+                if status == STATUS_FAILED and failure:
+                    # The requests failed *because* the engine did (died, hung): say so, or the row
+                    # shows only "connection" / "timeout" counts.
+                    reason = f"{reason}; {failure}"
                 row.update(figure_columns(bench), status=status, failure_reason=reason)
             rows.append(row)
     return rows

@@ -45,6 +45,9 @@ class OpenAIError(Exception):
         return web.json_response(body, status=self.status)
 
 
+HOLD_MAX_S = 0.25
+"""Longest wall time the clock waits for a closed-loop client's next request (see ``SimEngine._hold``)."""
+
 DELIVERY_QUANTUM_S = 0.005
 """Wall seconds the engine loop runs ahead before it sleeps and delivers (see ``SimEngine._run``)."""
 
@@ -62,6 +65,11 @@ class SimEngine:
         self.seed = seed
         self.model_name = model_name or profile.name
         self._wall0 = time.monotonic()
+        self._held_total = 0.0  # wall seconds the clock stood still (closed-loop holds)
+        self._hold_started: float | None = None
+        self._hold_owed = 0
+        self._hold_timer: asyncio.TimerHandle | None = None
+        self._resume = asyncio.Event()
         self.epoch0 = time.time()  # simulated timestamps are epoch0 + simulated seconds
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -75,8 +83,42 @@ class SimEngine:
 
     # ----- clock -------------------------------------------------------------------------------
     def now(self) -> float:
-        """Simulated seconds since the engine started."""
-        return (time.monotonic() - self._wall0) * self.time_scale
+        """Simulated seconds since the engine started (frozen while a closed-loop hold is on)."""
+        wall = (self._hold_started if self._hold_started is not None else time.monotonic())
+        return (wall - self._wall0 - self._held_total) * self.time_scale
+
+    # ----- closed-loop holds ---------------------------------------------------------------------
+    # A benchmark client in a closed loop sends the next request when one finishes. Its turnaround
+    # (a few wall ms, far more on a loaded machine) would become ``time_scale`` times as much idle
+    # simulated time, which no real engine sees (a real client's ms are negligible at scale 1). So a
+    # request may say ``"sim_hold": true`` ("a new request follows when this one finishes"); when
+    # such requests finish, the clock stops until as many new requests arrived or HOLD_MAX_S (wall)
+    # passed, and the new requests arrive at the finish time in simulated time. Holds stop the clock
+    # only, never the delivery of tokens. Requests without the field (any ordinary client) never hold.
+    def _hold(self, finished: int) -> None:
+        if self.time_scale <= 1.0 or finished <= 0:
+            return
+        self._hold_owed += finished
+        if self._hold_started is None:
+            self._hold_started = time.monotonic()
+            self._resume.clear()
+            self._hold_timer = asyncio.get_running_loop().call_later(HOLD_MAX_S, self._release_hold)
+
+    def _arrived(self) -> None:
+        if self._hold_started is not None:
+            self._hold_owed -= 1
+            if self._hold_owed <= 0:
+                self._release_hold()
+
+    def _release_hold(self) -> None:
+        if self._hold_started is not None:
+            self._held_total += time.monotonic() - self._hold_started
+            self._hold_started = None
+        self._hold_owed = 0
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
+        self._resume.set()
 
     def sim_timestamp(self) -> float:
         return self.epoch0 + self.now()
@@ -120,10 +162,13 @@ class SimEngine:
         def flush() -> None:
             for req, stamps in pending.items():
                 req.payload.put_nowait((sum(n for _, n in stamps), req in finished, stamps))
+            self._hold(sum(1 for r in finished if getattr(r, "hold_on_finish", False)))
             pending.clear()
             finished.clear()
 
         while True:
+            if self._hold_started is not None:
+                await self._resume.wait()  # the clock stands still until the client's next requests
             if not sched.has_work() or self.hung:
                 flush()
                 self._wake.clear()
@@ -158,13 +203,15 @@ class SimEngine:
 
     # ----- requests ----------------------------------------------------------------------------
     def submit(self, prompt_tokens: int, max_tokens: int, *, temperature: float, ignore_eos: bool,
-               seed: int | None) -> SimRequest:
+               seed: int | None, hold_on_finish: bool = False) -> SimRequest:
+        self._arrived()
         self._request_counter += 1
         rid = uuid.uuid4().hex[:16]
         req_seed = seed if seed is not None else (self.seed * 1_000_003 + self._request_counter)
         req = make_request(self.model, rid, prompt_tokens, max_tokens, temperature=temperature,
                            ignore_eos=ignore_eos, seed=req_seed, arrival_time=self.arrival_time())
         req.payload = asyncio.Queue()
+        req.hold_on_finish = hold_on_finish
         self.scheduler.add(req)
         self.first_request.set()
         self.counters["requests"] += 1
@@ -193,6 +240,7 @@ class SimEngine:
             "simulated_timestamp": self.sim_timestamp(),
             "counters": dict(self.counters),
             "lateness_s": round(self.lateness_s, 6),
+            "held_wall_s": round(self._held_total, 6),
             "num_requests_running": self.scheduler.num_running,
             "num_requests_waiting": self.scheduler.num_waiting,
         }
@@ -298,7 +346,8 @@ def _parse(body: Any, engine: SimEngine, chat: bool) -> dict[str, Any]:
     return dict(prompt_tokens=prompt_tokens, max_tokens=int(max_tokens), temperature=temperature,
                 ignore_eos=bool(_field(body, "ignore_eos", (bool,), False)),
                 seed=_field(body, "seed", (int,), None), stream=bool(_field(body, "stream", (bool,), False)),
-                include_usage=bool(stream_options.get("include_usage", False)))
+                include_usage=bool(stream_options.get("include_usage", False)),
+                sim_hold=bool(_field(body, "sim_hold", (bool,), False)))
 
 
 # ----- handlers -------------------------------------------------------------------------------
@@ -347,7 +396,7 @@ def build_app(engine: SimEngine) -> web.Application:
         args = _parse(body, engine, chat)
         try:
             req = engine.submit(args["prompt_tokens"], args["max_tokens"], temperature=args["temperature"],
-                                ignore_eos=args["ignore_eos"], seed=args["seed"])
+                                ignore_eos=args["ignore_eos"], seed=args["seed"], hold_on_finish=args["sim_hold"])
         except ValueError as exc:
             raise OpenAIError(str(exc), param="max_tokens") from None
         text_rng = random.Random(req.request_id)
