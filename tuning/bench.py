@@ -422,7 +422,16 @@ class _SteadyStateTracker:
         est = self.estimate(now)
         if est is None or est.batches < self.rule.min_windows or est.throughput <= 0:
             return None
-        return est if est.rel_half_width <= self.rule.rel_tolerance else None
+        if est.rel_half_width > self.rule.rel_tolerance:
+            return None
+        # Trend guard: a throughput still drifting (contexts growing, a queue filling) can have a
+        # tight interval around a moving mean; require the two halves to agree within tolerance.
+        windows = self.complete_windows(now)
+        half = len(windows) // 2
+        first, second = float(np.mean(windows[:half])), float(np.mean(windows[half:]))
+        if abs(second - first) > self.rule.rel_tolerance * max(first, second):
+            return None
+        return est
 
 
 # ----- server probing -----------------------------------------------------------------------------
@@ -726,9 +735,11 @@ async def _send(
 class _RunHooks(_Hooks):
     """Saturation bookkeeping for the steady-state rule.
 
-    Saturated = the first wave (the first ``concurrency`` requests) all have their first token, and
-    requests are still waiting for a slot, so every slot stays busy. It ends when a request finishes
-    and nothing is left to take its slot (the drain at the end of a run).
+    Steady state starts after one full turnover: once the first ``concurrency`` requests have
+    *finished* while requests are still waiting for a slot. Before that every running sequence is at
+    the same early stage (short contexts, cheap decode steps), so throughput is transiently high;
+    for 16k-token outputs the first wave alone would overstate it by ~10%. It ends when a request
+    finishes and nothing is left to take its slot (the drain at the end of a run).
     """
 
     def __init__(self, total: int, concurrency: int | None, tracker: _SteadyStateTracker | None) -> None:
@@ -736,29 +747,11 @@ class _RunHooks(_Hooks):
         self.concurrency = concurrency
         self.tracker = tracker
         self.started = 0
-        self.first_wave: set[int] = set()
-        self.first_wave_resolved = 0
+        self.finished = 0
         self.latest = -math.inf  # newest token time seen
 
     def on_slot(self, state: _RequestState) -> None:
         self.started += 1
-        if self.concurrency is not None and len(self.first_wave) < self.concurrency:
-            self.first_wave.add(state.index)
-
-    def _resolve_first_wave(self, state: _RequestState, t: float) -> None:
-        if state.index in self.first_wave:
-            self.first_wave.discard(state.index)
-            self.first_wave_resolved += 1
-            if (
-                self.tracker is not None
-                and self.concurrency is not None
-                and self.first_wave_resolved == self.concurrency
-                and self.started < self.total
-            ):
-                self.tracker.start(t)
-
-    def on_first_token(self, state: _RequestState, t: float) -> None:
-        self._resolve_first_wave(state, t)
 
     def on_tokens(self, t: float, n: float) -> None:
         self.latest = max(self.latest, t)
@@ -766,8 +759,12 @@ class _RunHooks(_Hooks):
             self.tracker.add_tokens(t, n)
 
     def on_finish(self, state: _RequestState, t: float) -> None:
-        self._resolve_first_wave(state, t)
-        if self.tracker is not None and self.started >= self.total:
+        self.finished += 1
+        if self.tracker is None or self.concurrency is None:
+            return
+        if self.finished == self.concurrency and self.started < self.total:
+            self.tracker.start(t)
+        if self.started >= self.total:
             self.tracker.end(t)
 
 
