@@ -807,6 +807,8 @@ def print_summary(outcome: SweepOutcome, *, console: Any = None) -> None:
                       f"{r['accept_length']:.2f}" if r["accept_length"] else "-",
                       _pct(r["gain_vs_mtp_off"]), _pct(r["gain_vs_static"]))
         console.print(t)
+        if outcome.error:
+            console.print(f"[bold red]Routing table not committed everywhere[/]:\n{outcome.error}")
     else:
         console.print(f"[bold red]No routing table written[/] ({tag}):\n{outcome.error}")
     console.print(f"{n_trials} trials ({n_failed} failed) in {outcome.wall_s:.0f} s; sweep id {spec.sweep_id}")
@@ -867,9 +869,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         outcome = run_sweep(spec, num_trials=num_trials, time_budget_s=args.time_budget_s, resume=resume,
                             live=not args.no_live, commit_to=())
         print_summary(outcome, console=console)
-        return 0 if outcome.table is not None else 3
+        # A table that could not be committed everywhere it was asked for (e.g. the serving path)
+        # is a failed sweep too: the caller must not go on to deploy from that path.
+        return 0 if outcome.table is not None and outcome.error is None else 3
     except (OrchestratorError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # the run dir (or a file in it) can't be written: say which, no traceback
+        print(f"error: cannot write the sweep's files: {e}; choose a writable --run-dir with free space",
+              file=sys.stderr)
         return 2
 
 

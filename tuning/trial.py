@@ -133,8 +133,13 @@ def measure_config(
 
 
 def _reason(prefix: str, e: BaseException, limit: int = 1500) -> str:
+    """The failure as one bounded string. When too long, the middle goes: the head says what failed,
+    the tail holds the engine's last log lines (the OOM or traceback that says why)."""
     text = f"{prefix}: {type(e).__name__}: {e}"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    if len(text) <= limit:
+        return text
+    head = limit // 2
+    return text[:head] + " [...] " + text[len(text) - (limit - head - 7):]
 
 
 def trial_metrics(rows: Sequence[Mapping[str, Any]], buckets: Sequence[Bucket], *, status: str, failure: str,

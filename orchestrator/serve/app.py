@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from orchestrator.config import Backend, EngineConfig
 from orchestrator.errors import ConfigError
 from orchestrator.serve.protocol import DEFAULT_MAX_BODY_BYTES
-from orchestrator.serve.router import RouterSpec, hash_api_key
+from orchestrator.serve.router import DEFAULT_BODY_TIMEOUT_S, RouterSpec, hash_api_key
 from tuning.routing import RoutingTable, RoutingTableError, load
 
 __all__ = [
@@ -158,6 +158,8 @@ class AppArgs(_Args):
     default_max_tokens: int | None = Field(default=None, ge=1, description="overrides the table's default")
     max_tokens_limit: int | None = Field(default=None, ge=1, description="default: max(131072, last bucket bound)")
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1024)
+    body_timeout_s: float = Field(default=DEFAULT_BODY_TIMEOUT_S, gt=0,
+                                  description="a request body must arrive within this long (else 408)")
     scaling: dict[str, ScalingSpec] = Field(
         default_factory=dict,
         description="keys: 'default', a bucket name (its primary config) or an engine config key",
@@ -215,6 +217,7 @@ def router_spec(args: AppArgs, table: RoutingTable) -> RouterSpec:
         api_key_sha256=tuple(k.lower() for k in keys),
         max_tokens_limit=limit,
         max_body_bytes=args.max_body_bytes,
+        body_timeout_s=args.body_timeout_s,
         default_max_tokens=args.default_max_tokens,
         status_refresh_s=args.router.status_refresh_s,
     )

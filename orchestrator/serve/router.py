@@ -44,13 +44,18 @@ from orchestrator.serve.policy import NoHealthyDeploymentError, RouteDecision, c
 from orchestrator.serve.protocol import DEFAULT_MAX_BODY_BYTES, ApiError, ParsedRequest, parse_request
 from tuning.routing import RoutingTable, parse
 
-__all__ = ["Router", "RouterSpec", "api", "hash_api_key"]
+__all__ = ["DEFAULT_BODY_TIMEOUT_S", "Router", "RouterSpec", "api", "hash_api_key"]
 
 logger = logging.getLogger("ray.serve")
 
 api = FastAPI(title="mtp-autotune router", docs_url=None, redoc_url=None, openapi_url=None)
 
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+DEFAULT_BODY_TIMEOUT_S = 30.0
+"""A request body must arrive within this long after its headers. Serve's proxy sets no such limit,
+so without it a client that declares a body and never sends it (slow loris) holds a router slot and
+a connection forever."""
 
 
 def hash_api_key(key: str) -> str:
@@ -70,13 +75,14 @@ class RouterSpec:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     default_max_tokens: int | None = None
     status_refresh_s: float = 1.0
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
 
     def __post_init__(self) -> None:
         parse(self.table_json)  # raises RoutingTableError
         if not self.served_model_names:
             raise ValueError("served_model_names must name at least one model")
-        if self.max_tokens_limit < 1 or self.max_body_bytes < 1 or self.status_refresh_s <= 0:
-            raise ValueError("max_tokens_limit, max_body_bytes must be >= 1 and status_refresh_s > 0")
+        if self.max_tokens_limit < 1 or self.max_body_bytes < 1 or self.status_refresh_s <= 0 or self.body_timeout_s <= 0:
+            raise ValueError("max_tokens_limit, max_body_bytes must be >= 1; status_refresh_s, body_timeout_s > 0")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -218,11 +224,23 @@ class Router:
         if declared.isdigit() and int(declared) > limit:
             raise ApiError(413, f"request body is {declared} bytes; the limit is {limit} bytes", code="request_too_large")
         size, parts = 0, []
-        async for part in request.stream():
-            size += len(part)
-            if size > limit:
-                raise ApiError(413, f"request body exceeds the limit of {limit} bytes", code="request_too_large")
-            parts.append(part)
+
+        async def read() -> None:
+            nonlocal size
+            async for part in request.stream():
+                size += len(part)
+                if size > limit:
+                    raise ApiError(413, f"request body exceeds the limit of {limit} bytes", code="request_too_large")
+                parts.append(part)
+
+        try:
+            await asyncio.wait_for(read(), timeout=self.spec.body_timeout_s)
+        except asyncio.TimeoutError:
+            raise ApiError(
+                408, f"the request body did not arrive within {self.spec.body_timeout_s:g} s "
+                f"({size} bytes received); send the whole body at once", code="request_timeout",
+                headers={"connection": "close"},
+            ) from None
         return b"".join(parts)
 
     async def _forward(self, parsed: ParsedRequest, started: float) -> Response:
