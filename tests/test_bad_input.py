@@ -498,8 +498,6 @@ def test_the_unmutated_table_is_valid():
     _check_table_invariants(routing.parse(_valid_table()))
 
 
-@pytest.mark.xfail(strict=True, reason="routing-table schema accepts NaN/Infinity (gains, figures) and writes "
-                   "them as non-standard JSON; fix: ConfigDict(allow_inf_nan=False) on tuning.routing._Model")
 @pytest.mark.parametrize("where, value", [("gains", "nan"), ("gains", float("inf")), ("figures", float("inf"))])
 def test_non_finite_numbers_are_refused(where, value):
     doc = _valid_table()

@@ -43,7 +43,7 @@ class RoutingTableError(ConfigError):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class BucketFigures(_Model):
