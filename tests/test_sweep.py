@@ -116,3 +116,23 @@ def test_cli_help_explains_every_flag():
     for flag in ("--model", "--space", "--num-trials", "--time-budget-s", "--resume", "--address",
                  "--routing-table", "--max-tpot-ms", "--max-ttft-ms", "--objective", "--concurrency"):
         assert flag in r.stdout
+
+
+def test_lmdeploy_sweep_of_a_vision_language_checkpoint_serves_language_only(tmp_path):
+    """Qwen3.5-family checkpoints declare a vision tower; LMDeploy builds it unless told
+    --language-model-only, which every candidate config must then carry (the sweep is text only)."""
+    from tuning.sweep import _parser, build_spec
+
+    vl, text = tmp_path / "vl", tmp_path / "text"
+    for d, cfg in ((vl, {"vision_config": {}, "text_config": {}}), (text, {"model_type": "qwen3"})):
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(cfg))
+
+    def flags(model):
+        spec = build_spec(_parser().parse_args(["--model", str(model), "--run-dir", str(tmp_path / "r")]),
+                          cluster_gpus=8)
+        configs = [spec.space.to_engine_config(p.params, extra_flags=p.extra_flags) for p in spec.space.points]
+        return {c.extra_flags for c in configs}
+
+    assert flags(vl) == {("--language-model-only",)}
+    assert flags(text) == {()}

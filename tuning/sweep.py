@@ -647,6 +647,15 @@ def new_sweep_id() -> str:
     return f"sweep-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
 
+def _has_vision_tower(model: str) -> bool:
+    """Does the checkpoint at ``model`` (a local folder) declare a vision tower?"""
+    try:
+        with open(Path(model) / "config.json", encoding="utf-8") as f:
+            return "vision_config" in json.load(f)
+    except (OSError, ValueError):
+        return False
+
+
 def build_spec(args: argparse.Namespace, defaults: Mapping[str, Any] | None = None,
                cluster_gpus: int = 0, cluster_cpus: int = 2) -> SweepSpec:
     """Defaults (``defaults.yaml``; its ``sim`` section when no ``--model``), then ``--space FILE``,
@@ -668,6 +677,10 @@ def build_spec(args: argparse.Namespace, defaults: Mapping[str, Any] | None = No
         space_cfg.update(engine="sim", model=args.sim_profile or sim.get("profile", SIM_PROFILE), tp=tp)
     else:
         space_cfg.update(engine="lmdeploy", model=args.model, tp=tp)
+        if _has_vision_tower(args.model) and "--language-model-only" not in space_cfg.get("extra_flags", ()):
+            # Qwen3.5-family checkpoints carry a vision_config; LMDeploy then builds the vision tower
+            # (memory, start-up) unless told the workload is text only, which ours is.
+            space_cfg["extra_flags"] = [*space_cfg.get("extra_flags", ()), "--language-model-only"]
     if args.session_len:
         space_cfg["session_len"] = args.session_len
     space = SearchSpace.from_mapping(space_cfg).with_baselines()
