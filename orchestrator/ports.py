@@ -1,4 +1,4 @@
-"""Free TCP ports on this host: pick one, and wait until one is free again.
+"""Facts about this host: free TCP ports (pick one, wait until one is free again) and its boot id.
 
 Kept apart from :mod:`orchestrator.engine` because the Serve replica and the tests need the same
 answers ("is this port usable by a server now?") without an engine.
@@ -8,7 +8,7 @@ from __future__ import annotations
 import socket
 import time
 
-__all__ = ["find_free_port", "port_is_free", "wait_for_port_free"]
+__all__ = ["find_free_port", "host_boot_id", "port_is_free", "wait_for_port_free"]
 
 
 def find_free_port(host: str = "127.0.0.1") -> int:
@@ -49,3 +49,13 @@ def wait_for_port_free(host: str, port: int, timeout_s: float = 10.0, poll_s: fl
         if time.monotonic() >= deadline:
             return False
         time.sleep(poll_s)
+
+
+def host_boot_id() -> str | None:
+    """This host's boot id. Two processes with the same boot id share CLOCK_MONOTONIC, which is how
+    the bench maps the simulator's token stamps onto its own clock."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return None

@@ -59,6 +59,7 @@ import aiohttp
 import numpy as np
 
 from orchestrator.errors import OrchestratorError
+from orchestrator.ports import host_boot_id
 from tuning.progress import BenchProgress, NullProgress, RichProgress, SafeProgress
 from tuning.workload import RequestSpec, TokenCounter, Workload, build_requests, resolve_token_counter
 
@@ -473,14 +474,6 @@ class SimClock:
         return self.monotonic_start + float(sim_t) / self.time_scale
 
 
-def _local_boot_id() -> str | None:
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
 async def _probe_server(session: aiohttp.ClientSession, base_url: str) -> ServerInfo:
     url = f"{base_url}/v1/models"
     timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
@@ -530,7 +523,7 @@ async def _probe_server(session: aiohttp.ClientSession, base_url: str) -> Server
         sim_info is not None
         and sim_info.get("monotonic_start") is not None
         and sim_info.get("boot_id") is not None
-        and sim_info.get("boot_id") == _local_boot_id()
+        and sim_info.get("boot_id") == host_boot_id()
     ):
         sim_clock = SimClock(float(sim_info["monotonic_start"]), time_scale)
     return ServerInfo(model=model, simulated=simulated, time_scale=time_scale, engine=engine, sim_info=sim_info,

@@ -22,6 +22,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from orchestrator.ports import host_boot_id
 from orchestrator.sim import tokenizer
 from orchestrator.sim.model import EngineParams, PerformanceModel, Profile
 from orchestrator.sim.scheduler import Scheduler, SimRequest, make_request
@@ -233,7 +234,7 @@ class SimEngine:
             # The simulated clock is (CLOCK_MONOTONIC - monotonic_start) * time_scale. A client on the
             # same host (same boot_id) maps the chunks' ``sim.token_times`` onto its own monotonic clock.
             "monotonic_start": self._wall0,
-            "boot_id": _boot_id(),
+            "boot_id": host_boot_id(),
             "config": asdict(self.params),
             "engine": self.model.describe(),
             "simulated_time_s": round(self.now(), 6),
@@ -244,14 +245,6 @@ class SimEngine:
             "num_requests_running": self.scheduler.num_running,
             "num_requests_waiting": self.scheduler.num_waiting,
         }
-
-
-def _boot_id() -> str | None:
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-            return f.read().strip()
-    except OSError:
-        return None
 
 
 class _MetricsCollector:
