@@ -13,7 +13,6 @@ from orchestrator.config import EngineConfig
 from orchestrator.engine import EngineProcess
 from orchestrator.ports import find_free_port
 from tuning.bench import (
-    predict_full_run_end,
     BenchResult,
     LatencyStats,
     RequestOutput,
@@ -261,21 +260,12 @@ def test_cli_help_documents_every_flag():
         assert flag in p.stdout
 
 
-def test_full_run_prediction_is_the_closed_loop_arithmetic():
-    # two slots at 1 token/s: in flight with 2 and 4 tokens left; one queued request of 3 tokens
-    # takes the first free slot (t=2) after a 0.5 s start-up: ends at 5.5; the other slot at 4.
-    assert predict_full_run_end(0.0, [2, 4], [3], 2, 1.0, 0.5) == pytest.approx(5.5)
-    # idle slots take queued work at once; the longest chain decides
-    assert predict_full_run_end(10.0, [], [4, 1, 1], 2, 2.0, 0.0) == pytest.approx(12.0)
-    assert predict_full_run_end(0.0, [1], [1], 1, 0.0, 0.0) == float("inf")
-
-
 def test_early_stop_agrees_with_full_run(tmp_path_factory):
-    """An early-stopped run predicts the full run's throughput within a few % in a fraction of the time.
+    """The steady-state estimate equals the full run's throughput within a few % in a fraction of the time.
 
-    The full run's figure contains the drain at the end (fewer than ``max_concurrency`` requests
-    left), so it sits below the steady-state rate; the reported figure is the full-run prediction,
-    which finishes the remaining work at the steady-state per-sequence rate, drain included.
+    The full run's figure also contains the ramp-up and the drain at the end (fewer than
+    ``max_concurrency`` requests left), so it sits slightly below the steady state; the tolerance
+    covers that and the timing noise of a shared 2-core machine.
     """
     w = Workload(input_len=256, output_len=512, range_ratio=0.5, num_prompts=256, max_concurrency=8, seed=4)
     rule = SteadyStateRule(rel_tolerance=0.05, window_s=1.0, min_windows=8)
@@ -288,9 +278,8 @@ def test_early_stop_agrees_with_full_run(tmp_path_factory):
     assert early.duration_s < full.duration_s
     ss = early.steady_state
     assert ss["rel_half_width"] <= 0.05 and ss["batches"] >= 8
-    assert early.output_throughput == pytest.approx(ss["predicted_full_run_throughput"])
-    assert ss["predicted_full_run_throughput"] <= ss["throughput"]  # the drain can only lower it
-    assert early.output_throughput == pytest.approx(full.output_throughput, rel=0.05)
+    assert early.output_throughput == pytest.approx(ss["throughput"])
+    assert early.output_throughput == pytest.approx(full.output_throughput, rel=0.08)
     _check_stats(early.tpot_ms)
     assert early.tpot_ms.mean == pytest.approx(full.tpot_ms.mean, rel=0.15)
     assert early.accept_length == pytest.approx(full.accept_length, rel=0.05)

@@ -29,17 +29,13 @@ is spent waiting for the slowest requests, while the figure a sweep ranks by —
 the bucket's concurrency — is known long before. While the system is saturated (every concurrency
 slot busy, the first wave's prefill done, requests still waiting for a slot) the client counts
 output tokens per fixed window and computes a batch-means confidence interval of the throughput.
-Once its half-width is within ``rel_tolerance`` of the mean (and ``min_windows`` windows are in, and
-the two halves of the windows agree, so the rate is not still drifting), outstanding requests are
-cancelled (counted as ``cancelled``, not failed) and ``output_throughput`` is the **output throughput
-the whole run would have had**: a fluid model (:func:`predict_full_run_end`) finishes the remaining
-work (known exactly with ``ignore_eos``: requested lengths minus tokens received) at the measured
-steady-state per-sequence rate, closed loop, including the final drain that the steady-state rate
-alone leaves out (which overstated long buckets by ~3-4 %). ``steady_state`` holds both the
-steady-state rate and that prediction. Other figures then come from what was observed until the
-stop: latency statistics of completed requests, plus TTFT/ITL/TPOT of the cancelled requests'
-received part (so long requests are not left out of the per-token figures); request/input throughput
-are completed requests over the shortened duration. ``steady_state`` in the result records the estimate either way.
+Once its half-width is within ``rel_tolerance`` of the mean (and ``min_windows`` windows are in),
+outstanding requests are cancelled (counted as ``cancelled``, not failed) and
+``output_throughput`` is the **steady-state output throughput at full concurrency**: mean tokens
+per window / window length. Other figures then come from what was observed until the stop: latency
+statistics of completed requests, plus TTFT/ITL/TPOT of the cancelled requests' received part (so
+long requests are not left out of the per-token figures); request/input throughput are completed
+requests over the shortened duration. ``steady_state`` in the result records the estimate either way.
 """
 from __future__ import annotations
 
@@ -217,9 +213,6 @@ class SteadyStateEstimate:
     confidence: float
     saturated_from_s: float
     """Seconds (server time) from the start of the measured run to the first window."""
-    predicted_full_run_throughput: float | None = None
-    """Output throughput the whole run would have had (:func:`predict_full_run_end`); set when the
-    rule stopped the run."""
 
     @property
     def rel_half_width(self) -> float:
@@ -229,37 +222,6 @@ class SteadyStateEstimate:
         out = dataclasses.asdict(self)
         out["rel_half_width"] = self.rel_half_width
         return out
-
-
-def predict_full_run_end(
-    now: float,
-    in_flight_remaining: Sequence[float],
-    queued_lengths: Sequence[float],
-    concurrency: int,
-    per_sequence_rate: float,
-    startup_s: float,
-) -> float:
-    """When a closed-loop run would have ended had it not been stopped (a fluid model).
-
-    Every running sequence decodes at the measured steady-state per-sequence rate (steady-state
-    output throughput / concurrency); when one finishes, the next queued request takes its slot
-    after ``startup_s`` (its time to first token) — the same arithmetic as the real run, including
-    the final drain, when fewer than ``concurrency`` sequences are left. With ``ignore_eos`` the
-    remaining work is known exactly (requested output lengths minus tokens received). Pure.
-    """
-    import heapq
-
-    if per_sequence_rate <= 0:
-        return math.inf
-    slots = [now + max(0.0, r) / per_sequence_rate for r in in_flight_remaining]
-    slots += [now] * max(0, concurrency - len(slots))
-    heapq.heapify(slots)
-    end = max(slots, default=now)
-    for length in queued_lengths:
-        t = heapq.heappop(slots) + startup_s + length / per_sequence_rate
-        end = max(end, t)
-        heapq.heappush(slots, t)
-    return end
 
 
 @dataclass(frozen=True)
@@ -877,7 +839,7 @@ async def run_benchmark(
         sink.on_start(len(specs))
         t0 = time.monotonic()
         tracker = _SteadyStateTracker(steady_state, info.time_scale, t0) if steady_state is not None else None
-        outputs, t_end, early, remaining = await _dispatch_all(
+        outputs, t_end, early = await _dispatch_all(
             session, url, workload, model_name, specs, counter, req_timeout, sink, tracker, concurrency,
             info.sim_clock,
         )
@@ -898,10 +860,6 @@ async def run_benchmark(
     estimate: SteadyStateEstimate | None = None
     if tracker is not None:
         estimate = tracker.stopped_with if early and tracker.stopped_with is not None else tracker.estimate(t_end)
-    if early and estimate is not None and concurrency:
-        estimate = dataclasses.replace(
-            estimate, predicted_full_run_throughput=_predict_full_run_throughput(
-                estimate, remaining, outputs, concurrency, info.time_scale, t0))
     result = _summarize(
         outputs=outputs,
         workload=workload,
@@ -944,16 +902,6 @@ async def _warm_up(
         logger.warning("%d of %d warm-up requests failed (first: %s %s)", len(bad), len(results), bad[0].error_kind, bad[0].error[:200])
 
 
-@dataclass(frozen=True)
-class _RemainingWork:
-    """What was left when the run stopped: the basis of the full-run prediction."""
-
-    now: float
-    in_flight: list[float]
-    queued: list[float]
-    total_tokens: float
-
-
 async def _dispatch_all(
     session: aiohttp.ClientSession,
     url: str,
@@ -966,7 +914,7 @@ async def _dispatch_all(
     tracker: _SteadyStateTracker | None,
     concurrency: int | None,
     clock: SimClock | None = None,
-) -> tuple[list[RequestOutput], float, bool, _RemainingWork]:
+) -> tuple[list[RequestOutput], float, bool]:
     """Send every request (Poisson arrivals or all at once, at most ``concurrency`` in flight);
     return the outputs in request order, the end time, and whether the steady-state rule stopped it."""
     total = len(specs)
@@ -1035,12 +983,6 @@ async def _dispatch_all(
     finally:
         early = stop.is_set() and not all_done.is_set()
         t_end = time.monotonic()
-        remaining = _RemainingWork(
-            now=(hooks.latest if clock is not None else t_end),
-            in_flight=[max(0.0, st.spec.output_len - st.tokens) for st in states if st.started_at is not None and not st.done],
-            queued=[float(st.spec.output_len) for st in states if st.started_at is None],
-            total_tokens=float(sum(st.spec.output_len for st in states)),
-        )
         for t in [dispatcher, *watchers, *([mon] if mon else []), *tasks]:
             if not t.done():
                 t.cancel()
@@ -1051,26 +993,7 @@ async def _dispatch_all(
         if out is None:  # cancelled by the early stop (or never dispatched)
             out = st.freeze(success=False, kind="cancelled", error="stopped early: steady state reached", counter=counter, now=t_end)
         final.append(out)
-    return final, t_end, early, remaining
-
-
-def _predict_full_run_throughput(
-    estimate: SteadyStateEstimate,
-    remaining: _RemainingWork,
-    outputs: Sequence[RequestOutput],
-    concurrency: int,
-    time_scale: float,
-    t0: float,
-) -> float | None:
-    """Output throughput of the whole run (tokens per server second), had it not been stopped."""
-    ttfts = [o.ttft for o in outputs if o.ttft is not None]
-    if not ttfts or estimate.throughput <= 0:
-        return None
-    per_seq_rate = estimate.throughput * time_scale / concurrency  # tokens per local (wall-mapped) second
-    end = predict_full_run_end(remaining.now, remaining.in_flight, remaining.queued, concurrency,
-                               per_seq_rate, float(statistics.median(ttfts)))
-    duration = (end - t0) * time_scale
-    return remaining.total_tokens / duration if duration > 0 and math.isfinite(duration) else None
+    return final, t_end, early
 
 
 def _summarize(
@@ -1109,7 +1032,7 @@ def _summarize(
 
     output_throughput = total_out / duration
     if early and estimate is not None:
-        output_throughput = estimate.predicted_full_run_throughput or estimate.throughput
+        output_throughput = estimate.throughput
     input_throughput = total_in / duration
     return BenchResult(
         workload=workload.to_dict(),
