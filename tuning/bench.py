@@ -29,10 +29,16 @@ is spent waiting for the slowest requests, while the figure a sweep ranks by —
 the bucket's concurrency — is known long before. While the system is saturated (every concurrency
 slot busy, the first wave's prefill done, requests still waiting for a slot) the client counts
 output tokens per fixed window and computes a batch-means confidence interval of the throughput.
-Once its half-width is within ``rel_tolerance`` of the mean (and ``min_windows`` windows are in),
-outstanding requests are cancelled (counted as ``cancelled``, not failed) and
-``output_throughput`` is the **steady-state output throughput at full concurrency**: mean tokens
-per window / window length. Other figures then come from what was observed until the stop: latency
+Once its half-width is within ``rel_tolerance`` of the mean (and ``min_windows`` windows are in, and
+the two halves of the windows agree, so the rate is not still drifting) *and* the rest of the run is
+predictable — the final drain, when fewer than ``concurrency`` sequences are left, runs at a speed
+between the steady-state per-sequence rate and the whole steady-state throughput, and those two
+bounds on the full run's throughput must be within ``drain_tolerance`` (±1%) of their midpoint
+(:func:`full_run_throughput_bounds`; remaining work is known exactly with ``ignore_eos``) —
+outstanding requests are cancelled (counted as ``cancelled``, not failed) and ``output_throughput``
+is that midpoint: the **output throughput of the whole run**, within the statistical tolerance plus
+the drain tolerance. The drain condition means runs of few waves (where the drain is a large share)
+go to completion; long buckets with many prompts stop early. Other figures then come from what was observed until the stop: latency
 statistics of completed requests, plus TTFT/ITL/TPOT of the cancelled requests' received part (so
 long requests are not left out of the per-token figures); request/input throughput are completed
 requests over the shortened duration. ``steady_state`` in the result records the estimate either way.
@@ -181,12 +187,15 @@ class SteadyStateRule:
         min_windows: never stop on fewer windows; also the least number of batches the interval
             is computed over (see :meth:`_SteadyStateTracker.estimate`).
         confidence: of the two-sided Student-t interval over the window means.
+        drain_tolerance: stop only once the unknown speed of the final drain moves the full run's
+            throughput by at most this share either way (see :func:`full_run_throughput_bounds`).
     """
 
     rel_tolerance: float = 0.02
     window_s: float = 5.0
     min_windows: int = 8
     confidence: float = 0.95
+    drain_tolerance: float = 0.01
 
     def __post_init__(self) -> None:
         if not (isinstance(self.rel_tolerance, (int, float)) and 0 < self.rel_tolerance < 1):
@@ -197,6 +206,8 @@ class SteadyStateRule:
             raise BenchError(f"min_windows={self.min_windows!r} must be an integer >= 3")
         if not (isinstance(self.confidence, (int, float)) and 0.5 <= self.confidence < 1):
             raise BenchError(f"confidence={self.confidence!r} is out of range; allowed: [0.5, 1)")
+        if not (isinstance(self.drain_tolerance, (int, float)) and 0 < self.drain_tolerance < 1):
+            raise BenchError(f"drain_tolerance={self.drain_tolerance!r} is out of range; allowed: (0, 1)")
 
 
 @dataclass(frozen=True)
@@ -213,6 +224,10 @@ class SteadyStateEstimate:
     confidence: float
     saturated_from_s: float
     """Seconds (server time) from the start of the measured run to the first window."""
+    full_run_low: float | None = None
+    full_run_high: float | None = None
+    """Bounds on the output throughput the whole run would have had (:func:`full_run_throughput_bounds`),
+    set when the rule stopped the run; the reported figure is their midpoint."""
 
     @property
     def rel_half_width(self) -> float:
@@ -222,6 +237,62 @@ class SteadyStateEstimate:
         out = dataclasses.asdict(self)
         out["rel_half_width"] = self.rel_half_width
         return out
+
+
+def predict_full_run_end(
+    now: float,
+    in_flight_remaining: Sequence[float],
+    queued_lengths: Sequence[float],
+    concurrency: int,
+    per_sequence_rate: float,
+    startup_s: float,
+) -> float:
+    """When a closed-loop run ends if every running sequence keeps decoding at ``per_sequence_rate``
+    (a fluid model): when one finishes, the next queued request takes its slot after ``startup_s``
+    (its time to first token). Pure."""
+    import heapq
+
+    if per_sequence_rate <= 0:
+        return math.inf
+    slots = [now + max(0.0, r) / per_sequence_rate for r in in_flight_remaining]
+    slots += [now] * max(0, concurrency - len(slots))
+    heapq.heapify(slots)
+    end = max(slots, default=now)
+    for length in queued_lengths:
+        t = heapq.heappop(slots) + startup_s + length / per_sequence_rate
+        end = max(end, t)
+        heapq.heappush(slots, t)
+    return end
+
+
+def full_run_throughput_bounds(
+    *,
+    now: float,
+    t0: float,
+    in_flight_remaining: Sequence[float],
+    queued_lengths: Sequence[float],
+    total_tokens: float,
+    concurrency: int,
+    steady_throughput: float,
+    startup_s: float,
+) -> tuple[float, float]:
+    """Bounds on the output throughput (tokens per unit of ``now``'s clock) of the whole run.
+
+    Until the last request starts, the run goes on at the steady-state rate; what is unknown is the
+    final drain, when fewer than ``concurrency`` sequences are left and each runs faster than in the
+    full batch by an amount that depends on the engine. Lower bound: every sequence keeps the
+    steady-state per-sequence rate to the end (:func:`predict_full_run_end`). Upper bound: the drain
+    keeps the whole steady-state throughput. With ``ignore_eos`` the remaining work is known exactly.
+    """
+    remaining = float(sum(in_flight_remaining) + sum(queued_lengths))
+    if steady_throughput <= 0:
+        return 0.0, 0.0
+    slow_end = predict_full_run_end(now, in_flight_remaining, queued_lengths, concurrency,
+                                    steady_throughput / concurrency, startup_s)
+    fast_end = now + remaining / steady_throughput
+    low = total_tokens / (slow_end - t0) if slow_end > t0 else 0.0
+    high = total_tokens / (fast_end - t0) if fast_end > t0 else 0.0
+    return low, high
 
 
 @dataclass(frozen=True)
@@ -969,9 +1040,11 @@ async def _dispatch_all(
             now = (hooks.latest - DELIVERY_LAG_S) if clock is not None else time.monotonic()
             est = tracker.converged(now)
             if est is not None:
-                tracker.stopped_with = est  # the estimate the decision was made on is the one reported
-                stop.set()
-                return
+                est = _with_full_run_bounds(est, states, now, tracker, concurrency)
+                if est is not None:
+                    tracker.stopped_with = est  # the estimate the decision was made on is the one reported
+                    stop.set()
+                    return
             if tracker.end_at is not None:
                 return  # saturation is over without convergence: the run completes in full
 
@@ -994,6 +1067,35 @@ async def _dispatch_all(
             out = st.freeze(success=False, kind="cancelled", error="stopped early: steady state reached", counter=counter, now=t_end)
         final.append(out)
     return final, t_end, early
+
+
+def _with_full_run_bounds(
+    est: SteadyStateEstimate,
+    states: Sequence[_RequestState],
+    now: float,
+    tracker: _SteadyStateTracker,
+    concurrency: int | None,
+) -> SteadyStateEstimate | None:
+    """``est`` with the full-run bounds, or ``None`` while the drain's share is still too uncertain."""
+    started = [st for st in states if st.ttft is not None and st.started_at is not None]
+    if not concurrency or not started:
+        return None
+    scale = tracker.time_scale
+    low, high = full_run_throughput_bounds(
+        now=now,
+        t0=min(st.started_at for st in started),  # type: ignore[type-var]
+        in_flight_remaining=[max(0.0, st.spec.output_len - st.tokens)
+                             for st in states if st.started_at is not None and not st.done],
+        queued_lengths=[float(st.spec.output_len) for st in states if st.started_at is None],
+        total_tokens=float(sum(st.spec.output_len for st in states)),
+        concurrency=concurrency,
+        steady_throughput=est.throughput * scale,  # tokens per local second
+        startup_s=float(statistics.median(st.ttft for st in started)),  # type: ignore[type-var]
+    )
+    low, high = low / scale, high / scale  # tokens per server second
+    if high <= 0 or (high - low) / (high + low) > tracker.rule.drain_tolerance:
+        return None
+    return dataclasses.replace(est, full_run_low=low, full_run_high=high)
 
 
 def _summarize(
@@ -1031,8 +1133,8 @@ def _summarize(
     e2es = [o.latency for o in completed]
 
     output_throughput = total_out / duration
-    if early and estimate is not None:
-        output_throughput = estimate.throughput
+    if early and estimate is not None and estimate.full_run_low is not None and estimate.full_run_high is not None:
+        output_throughput = (estimate.full_run_low + estimate.full_run_high) / 2
     input_throughput = total_in / duration
     return BenchResult(
         workload=workload.to_dict(),
