@@ -281,7 +281,8 @@ def test_early_stop_agrees_with_full_run(tmp_path_factory):
     """An early-stopped run reports the full run's throughput (bounded over the unknown drain speed)
     within a few % in a fraction of the time (32 waves: the drain is a small share, so it may stop)."""
     w = Workload(input_len=256, output_len=512, range_ratio=0.5, num_prompts=256, max_concurrency=8, seed=4)
-    rule = SteadyStateRule(rel_tolerance=0.05, window_s=1.0, min_windows=8)
+    # 32 waves: the drain is ~3% of the run, so its unknown speed moves the full-run figure by ~1-2%.
+    rule = SteadyStateRule(rel_tolerance=0.05, window_s=1.0, min_windows=8, drain_tolerance=0.04)
     with _engine(tmp_path_factory, time_scale=10) as engine:
         full = benchmark(engine.base_url, w, engine_config=MTP)
         early = benchmark(engine.base_url, w, engine_config=MTP, steady_state=rule)
