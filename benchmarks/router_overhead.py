@@ -23,7 +23,6 @@ import asyncio
 import json
 import os
 import platform
-import random
 import statistics
 import sys
 import tempfile
@@ -36,12 +35,11 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.config import EngineConfig  # noqa: E402
 from orchestrator.engine import EngineProcess  # noqa: E402
-from orchestrator.ports import find_free_port  # noqa: E402
-from tuning import routing  # noqa: E402
+from benchmarks.sim_serve import MODEL, SIM_MTP3, served_sim_table  # noqa: E402
+from benchmarks.sim_serve import prompts as sample_prompts  # noqa: E402
+from tuning.routing import utc_now_iso  # noqa: E402
 
-MODEL = "intern-s2-preview-8xh200"
 API_KEY = "sk-bench"
 
 
@@ -109,16 +107,6 @@ async def closed_loop(url: str, *, concurrency: int, requests: int | None, secon
     }
 
 
-def _prompts(n: int, tokens: int) -> list[str]:
-    try:
-        from orchestrator.sim.tokenizer import sample_text
-
-        rng = random.Random(0)
-        return [sample_text(tokens, rng) for _ in range(n)]
-    except Exception:  # pragma: no cover - tokenizer missing: plain words
-        return [" ".join(f"word{i}" for i in range(tokens))] * n
-
-
 def markdown(results: list[dict[str, Any]], notes: str = "") -> str:
     """A results page: one column per run (e.g. Serve default vs RAY_SERVE_THROUGHPUT_OPTIMIZED=1)."""
     r0 = results[0]
@@ -169,12 +157,9 @@ def main() -> int:
         os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] = "1"  # inherited by the local cluster's workers
 
     import ray
-    from ray import serve
 
-    from orchestrator.deploy import deploy
-
-    config = EngineConfig(backend="sim", model=MODEL, tp=8, speculative_algorithm="qwen3_5_mtp", num_draft_tokens=3)
-    prompts = _prompts(64, a.input_tokens)
+    config = SIM_MTP3
+    prompts = sample_prompts(64, a.input_tokens)
     tmp = Path(tempfile.mkdtemp(prefix="router-bench-"))
     headers_direct: dict[str, str] = {}
     headers_router = {"authorization": f"Bearer {API_KEY}"}
@@ -191,22 +176,8 @@ def main() -> int:
     print("direct:", json.dumps(direct), "\ndirect idle:", json.dumps(direct_idle))
 
     # 2. router, 3. soak
-    table_path = tmp / "routing.json"
-    routing.commit({
-        "provenance": {"model": MODEL, "gpu_type": "none (simulated)", "gpu_count": 0, "sweep_id": "bench",
-                       "created_at": routing.utc_now_iso(), "simulated": True},
-        "buckets": [{"name": "all", "max_output_len": 131072, "config": config.to_dict(),
-                     "figures": {"output_throughput": 1.0}}],
-    }, table_path)
-    port = find_free_port()
-    ray.init(num_cpus=a.num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=False)
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        deploy({"routing_table": str(table_path), "api_keys": [API_KEY], "sim_time_scale": a.time_scale,
-                "engine": {"num_cpus": 0, "log_dir": str(tmp / "serve-logs"), "graceful_shutdown_timeout_s": 20},
-                "router": {"num_cpus": 0, "graceful_shutdown_timeout_s": 20}},
-               app_name="bench")
-        url = f"http://127.0.0.1:{port}/v1/completions"
+    with served_sim_table(config, work_dir=tmp, api_key=API_KEY, time_scale=a.time_scale,
+                          num_cpus=a.num_cpus, app_name="bench") as url:
         asyncio.run(closed_loop(url, **{**run, "requests": a.concurrency}, headers=headers_router))  # warm-up
         router = asyncio.run(closed_loop(url, **run, headers=headers_router))
         router_idle = asyncio.run(closed_loop(url, **idle, headers=headers_router))
@@ -214,9 +185,6 @@ def main() -> int:
         soak = asyncio.run(closed_loop(url, concurrency=a.soak_streams, requests=None, seconds=a.soak_seconds,
                                        max_tokens=a.max_tokens, prompts=prompts, headers=headers_router))
         print("soak:", json.dumps(soak))
-    finally:
-        serve.shutdown()
-        ray.shutdown()
 
     ratio = router["output_throughput"] / direct["output_throughput"] if direct["output_throughput"] else None
     added_ttft = (router["ttft_ms_median"] - direct["ttft_ms_median"]) if direct["ttft_ms_median"] is not None else None
@@ -241,7 +209,7 @@ def main() -> int:
         },
         "throughput_optimized": a.throughput_optimized,
         "load_average_after": os.getloadavg(),
-        "finished_at": routing.utc_now_iso(),
+        "finished_at": utc_now_iso(),
     }
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -37,11 +37,10 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.config import EngineConfig  # noqa: E402
-from orchestrator.ports import find_free_port  # noqa: E402
-from tuning import routing  # noqa: E402
+from benchmarks.sim_serve import MODEL, SIM_MTP3, served_sim_table  # noqa: E402
+from benchmarks.sim_serve import prompts as sample_prompts  # noqa: E402
+from tuning.routing import utc_now_iso  # noqa: E402
 
-MODEL = "intern-s2-preview-8xh200"
 API_KEY = "sk-soak"
 APP = "soak"
 
@@ -190,13 +189,6 @@ class MemorySampler:
 
 
 # ----- main ------------------------------------------------------------------------------------------
-def _prompts(n: int, tokens: int) -> list[str]:
-    from orchestrator.sim.tokenizer import sample_text
-
-    rng = random.Random(0)
-    return [sample_text(tokens, rng) for _ in range(n)]
-
-
 def _memory_verdict(router: dict[str, Any], seconds: float) -> str:
     """What the router's memory curve says, in one sentence (judged, not just printed)."""
     if not router:
@@ -256,29 +248,13 @@ def main() -> int:
     a = p.parse_args()
 
     import ray
-    from ray import serve
-
-    from orchestrator.deploy import deploy
 
     load_before = os.getloadavg()
-    config = EngineConfig(backend="sim", model=MODEL, tp=8, speculative_algorithm="qwen3_5_mtp", num_draft_tokens=3)
-    prompts = _prompts(64, a.input_tokens)
+    config = SIM_MTP3
+    prompts = sample_prompts(64, a.input_tokens)
     tmp = Path(tempfile.mkdtemp(prefix="soak-router-"))
-    table_path = tmp / "routing.json"
-    routing.commit({
-        "provenance": {"model": MODEL, "gpu_type": "none (simulated)", "gpu_count": 0, "sweep_id": "soak",
-                       "created_at": routing.utc_now_iso(), "simulated": True},
-        "buckets": [{"name": "all", "max_output_len": 131072, "config": config.to_dict(),
-                     "figures": {"output_throughput": 1.0}}],
-    }, table_path)
-    port = find_free_port()
-    ray.init(num_cpus=a.num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=False)
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        deploy({"routing_table": str(table_path), "api_keys": [API_KEY], "sim_time_scale": a.time_scale,
-                "engine": {"num_cpus": 0, "log_dir": str(tmp / "engine-logs"), "graceful_shutdown_timeout_s": 20},
-                "router": {"num_cpus": 0, "graceful_shutdown_timeout_s": 20}}, app_name=APP)
-        url = f"http://127.0.0.1:{port}/v1/completions"
+    with served_sim_table(config, work_dir=tmp, api_key=API_KEY, time_scale=a.time_scale,
+                          num_cpus=a.num_cpus, app_name=APP) as url:
         pids = find_pids()
         print("processes:", pids, flush=True)
         warm, warm_wall = asyncio.run(closed_loop(url, streams=a.streams, seconds=a.warmup_seconds,
@@ -291,9 +267,6 @@ def main() -> int:
         sampler.stop()
         soak = summarize(results, wall)
         print("soak:", json.dumps(soak), flush=True)
-    finally:
-        serve.shutdown()
-        ray.shutdown()
 
     memory = {name: sampler.report(name) for name in pids}
     import fastapi
@@ -332,7 +305,7 @@ def main() -> int:
         "met": {"zero_errors": soak["failed"] == 0 and soak["completed"] > 0},
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
-        "finished_at": routing.utc_now_iso(),
+        "finished_at": utc_now_iso(),
         "notes": notes,
     }
     out = Path(a.out)
