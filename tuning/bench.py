@@ -27,7 +27,8 @@ in ``failed`` and ``failure_reasons``, and the run goes on.
 **Steady-state early stop** (:class:`SteadyStateRule`): with long outputs most of a run's wall time
 is spent waiting for the slowest requests, while the figure a sweep ranks by — output throughput at
 the bucket's concurrency — is known long before. While the system is saturated (every concurrency
-slot busy, the first wave's prefill done, requests still waiting for a slot) the client counts
+slot busy, one full turnover done — the first ``concurrency`` requests finished — and requests still
+waiting for a slot) the client counts
 output tokens per fixed window and computes a batch-means confidence interval of the throughput.
 Once its half-width is within ``rel_tolerance`` of the mean (and ``min_windows`` windows are in, and
 the two halves of the windows agree, so the rate is not still drifting) *and* the rest of the run is
