@@ -35,10 +35,15 @@ __all__ = [
     "SpeculativeAlgorithm",
     "FLAG_TABLE",
     "MAX_DRAFT_TOKENS",
+    "SHARED_GPU_HEADROOM",
 ]
 
 MAX_DRAFT_TOKENS = 8
 """Upper bound for ``num_draft_tokens``; acceptance past ~5 drafted tokens is negligible for MTP heads."""
+
+SHARED_GPU_HEADROOM = 0.1
+"""Share of a GPU a shared tp=1 engine reserves besides its KV fraction: weights, activations, CUDA
+graphs and the MTP head of a *small* model (14 GiB of an H200). See :meth:`EngineConfig.gpu_request`."""
 
 
 class Backend(str, enum.Enum):
@@ -183,6 +188,24 @@ class EngineConfig:
         spec = f"mtp{self.num_draft_tokens}" if self.speculative else "nospec"
         bs = f"bs{self.max_batch_size}" if self.max_batch_size is not None else "bsauto"
         return f"{self.backend.value}-{spec}-mem{self.memory_fraction:g}-{bs}-tp{self.tp}"
+
+    # ----- resources ------------------------------------------------------------------------------
+    def gpu_request(self, *, share_gpu: bool = False) -> float:
+        """GPUs to reserve on the Ray cluster for this engine (Tune trials and Serve replicas alike).
+
+        Normally ``tp`` whole GPUs. With ``share_gpu`` a tp=1 engine reserves
+        ``memory_fraction + SHARED_GPU_HEADROOM`` of one GPU, so Ray co-schedules engines on a GPU
+        only while their fractions fit together: engines that start at the same moment each see the
+        whole GPU free and each take ``memory_fraction`` of it for KV, so the reservations must not
+        add up to more than the GPU. Meant for models much smaller than the GPU (test checkpoints,
+        capacity planning); a production model's weights alone exceed the headroom. The simulator
+        needs no GPU.
+        """
+        if self.backend is Backend.SIM:
+            return 0
+        if share_gpu and self.tp == 1:
+            return min(1.0, round(self.memory_fraction + SHARED_GPU_HEADROOM, 4))
+        return self.tp
 
     # ----- command line ---------------------------------------------------------------------------
     def command(self, *, host: str, port: int, served_model_name: str | None = None) -> list[str]:

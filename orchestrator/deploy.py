@@ -73,7 +73,9 @@ def deploy(
     """
     from ray import serve
 
-    from orchestrator.serve.app import AppArgs, build_app, load_table, router_spec
+    import ray
+
+    from orchestrator.serve.app import AppArgs, build_app, gpus_needed, load_table, router_spec
     from orchestrator.serve.router import RouterSpec
     from tuning.routing import parse
 
@@ -81,6 +83,14 @@ def deploy(
     table = load_table(args)
     build_app(args, table=table)  # validates every option; builds no actors
     new_engines = table.distinct_configs()
+    need, have = gpus_needed(args, table), float(ray.cluster_resources().get("GPU", 0.0))
+    if need > have + 1e-9:
+        # Serve would otherwise leave the replicas pending for ever, without a word.
+        raise ConfigError(
+            f"the routing table's engines reserve {need:g} GPUs at their minimum replica counts but the Ray "
+            f"cluster has {have:g}: add GPU nodes, lower replica counts (--scale), or for small models let "
+            "tp=1 engines share GPUs (--share-gpu)"
+        )
 
     old_spec = _running_router_spec(app_name)
     if old_spec is None:
@@ -210,6 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--graceful-shutdown-timeout-s", type=float, default=None)
     p.add_argument("--accept-length-low-threshold", type=float, default=None)
     p.add_argument("--engine-log-dir", default=None)
+    p.add_argument("--share-gpu", action="store_true", help="tp=1 engines reserve memory_fraction + 0.1 of a GPU, "
+                   "so several share one (small models only)")
     p.add_argument("--blocking", action="store_true", help="stay in the foreground after deploying (local clusters)")
     return p
 
@@ -240,6 +252,8 @@ def args_from_cli(ns: argparse.Namespace) -> dict[str, Any]:
             engine[arg] = getattr(ns, arg)
     if ns.engine_log_dir:
         engine["log_dir"] = ns.engine_log_dir
+    if ns.share_gpu:
+        engine["share_gpu"] = True
     if engine:
         out["engine"] = engine
     if ns.router_replicas is not None:

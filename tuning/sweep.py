@@ -13,6 +13,11 @@ How the pieces fit:
   study first, tagged by ``user_attrs``, so they run under the same workloads as every other trial.
 - Each Tune trial (:func:`tuning.trial.run_trial`) reserves its GPUs (``{"gpu": tp}``; the
   simulator needs one CPU and no GPU), starts one engine, measures every bucket, stops it.
+  ``--share-gpu`` (tp=1, small models): a trial reserves its memory fraction + headroom of one GPU
+  (:meth:`EngineConfig.gpu_request`), so engines whose fractions fit start side by side on a GPU
+  (start-up is what a trial pays for), while a per-GPU lease (:class:`tuning.trial.GpuMeasureLease`)
+  lets only one of them be measured at a time: no figure is taken while another engine on the same
+  GPU serves load.
 - Budgets (``--num-trials``, ``--time-budget-s``) live in ``<run_dir>/budget.json`` and are read
   by the searcher at every suggestion, so ``--resume`` can extend them: the sweep continues from
   Tune's experiment state and the same Optuna study; finished trials are neither lost nor re-run.
@@ -54,6 +59,7 @@ from typing import Any
 
 import yaml
 
+from orchestrator.config import EngineConfig
 from orchestrator.errors import ConfigError, OrchestratorError
 from tuning import routing
 from tuning.buckets import Bucket, make_buckets
@@ -68,7 +74,7 @@ from tuning.results import (
 )
 from tuning.routing import Provenance, RoutingTable, RoutingTableError
 from tuning.space import ROLE_SEARCH, SearchSpace, load_space_file
-from tuning.trial import ResultCache, TrialContext, metric_name, run_trial
+from tuning.trial import GpuMeasureLease, ResultCache, TrialContext, metric_name, run_trial
 
 __all__ = ["SweepSpec", "SweepOutcome", "SweepError", "run_sweep", "build_spec", "main", "load_defaults"]
 
@@ -115,8 +121,11 @@ class SweepSpec:
     request_timeout_s: float = 3600.0
     tokenizer: str | None = None
     n_startup_trials: int = 8
+    share_gpu: bool = False
 
     def __post_init__(self) -> None:
+        if self.share_gpu and self.space.tp != 1:
+            raise ConfigError(f"share_gpu needs tp=1 engines (got tp={self.space.tp}): a tp>1 engine owns its GPUs")
         if self.objective not in ("scalar", "multi"):
             raise ConfigError(f"objective={self.objective!r} is invalid; allowed: 'scalar', 'multi'")
         if self.max_concurrent_trials < 1:
@@ -142,6 +151,7 @@ class SweepSpec:
             "constraints": self.constraints.to_dict(), "routing_table": self.routing_table,
             "ready_timeout_s": self.ready_timeout_s, "request_timeout_s": self.request_timeout_s,
             "tokenizer": self.tokenizer, "n_startup_trials": self.n_startup_trials,
+            "share_gpu": self.share_gpu,
         }
 
     @classmethod
@@ -160,7 +170,24 @@ class SweepSpec:
             steady_state_min_output_len=self.steady_state_min_output_len, cache_actor=cache_actor,
             cache_namespace=cache_namespace, ready_timeout_s=self.ready_timeout_s,
             request_timeout_s=self.request_timeout_s, tokenizer=self.tokenizer,
+            measure_lease_actor=self.measure_lease_name() if self.share_gpu else None,
         )
+
+    def measure_lease_name(self) -> str:
+        return f"mtp-sweep-measure-lease-{self.sweep_id}"
+
+    def resources_for(self, trial_config: Mapping[str, Any]) -> Any:
+        """Tune's per-trial resource request: a fixed bundle, or with ``share_gpu`` the share of a
+        GPU the trial's engine config asks for (:meth:`EngineConfig.gpu_request`)."""
+        from ray.tune import PlacementGroupFactory
+
+        bundle = {k.upper() if k in ("cpu", "gpu") else k: v for k, v in self.trial_resources.items()}
+        if self.share_gpu and not self.simulated:
+            try:
+                bundle["GPU"] = self.space.config_from_trial_config(trial_config).gpu_request(share_gpu=True)
+            except ConfigError:
+                pass  # the trial reports the invalid config itself; it keeps the fixed request
+        return PlacementGroupFactory([bundle])
 
 
 @dataclass(frozen=True)
@@ -594,9 +621,12 @@ def run_sweep(
         raise SweepError(f"{run_dir} already holds a sweep; pass --resume {run_dir} to continue it, "
                          "or choose a new --run-dir")
     cache = ray.remote(ResultCache).options(name=cache_name, namespace=namespace, num_cpus=0).remote()
+    lease = (ray.remote(GpuMeasureLease).options(name=spec.measure_lease_name(), namespace=namespace, num_cpus=0,
+                                                  get_if_exists=True).remote()
+             if spec.share_gpu else None)
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, context=spec.trial_context(cache_name, namespace)),
-        dict(spec.trial_resources),
+        spec.resources_for if spec.share_gpu else dict(spec.trial_resources),
     )
     progress = SweepProgress([b.name for b in spec.buckets], simulated=spec.simulated, live=live)
     try:
@@ -622,6 +652,8 @@ def run_sweep(
     finally:
         progress.stop()
         ray.kill(cache)
+        if lease is not None:
+            ray.kill(lease)
 
     rows = rows_from_result_grid(grid, spec)
     df = results_frame(rows)
@@ -711,6 +743,12 @@ def build_spec(args: argparse.Namespace, defaults: Mapping[str, Any] | None = No
         resources = {"cpu": 1, "gpu": 0}
         max_conc = args.max_concurrent_trials or min(int(sweep_cfg.get("max_concurrent_trials", 2)),
                                                      max(1, cluster_cpus))
+    elif args.share_gpu:
+        resources = {"cpu": 1, "gpu": tp}
+        # As many as the smallest reservations fit; Ray holds back the ones that do not fit now.
+        smallest = min(EngineConfig(model=args.model, memory_fraction=f).gpu_request(share_gpu=True)
+                       for f in space.memory_fraction)
+        max_conc = args.max_concurrent_trials or max(1, int(cluster_gpus / smallest + 1e-9))
     else:
         resources = {"cpu": 1, "gpu": tp}
         max_conc = args.max_concurrent_trials or max(1, cluster_gpus // tp)
@@ -730,6 +768,7 @@ def build_spec(args: argparse.Namespace, defaults: Mapping[str, Any] | None = No
         routing_table=args.routing_table, tokenizer=args.tokenizer or (args.model if not simulated else None),
         n_startup_trials=int(sweep_cfg.get("n_startup_trials", 8)),
         ready_timeout_s=float(sweep_cfg.get("ready_timeout_s", 900.0)),
+        share_gpu=bool(args.share_gpu) and not simulated,
     )
 
 
@@ -777,6 +816,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, help="TPE seed")
     r.add_argument("--max-concurrent-trials", type=int, help="parallel trials (default: cluster GPUs // tp; "
                    "simulator: up to 2 per the CPUs)")
+    r.add_argument("--share-gpu", action="store_true", help="tp=1 engines share a GPU while their memory "
+                   "fractions fit (each reserves fraction + 0.1 of it); they start side by side but are measured "
+                   "one at a time per GPU. For models far smaller than the GPU (test checkpoints)")
     r.add_argument("--max-tpot-ms", type=float, help="a bucket's chosen config must have median TPOT <= this")
     r.add_argument("--max-ttft-ms", type=float, help="a bucket's chosen config must have median TTFT <= this")
     o = p.add_argument_group("where")

@@ -12,11 +12,13 @@ first one's rows, marked ``cached``; a trial whose twin is still running waits f
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,8 +29,8 @@ from tuning.buckets import Bucket
 from tuning.results import STATUS_FAILED, STATUS_OK, failed_rows, rows_for_trial
 from tuning.space import ROLE_SEARCH, SearchSpace
 
-__all__ = ["TrialContext", "ResultCache", "measure_config", "run_trial", "trial_metrics", "metric_name",
-           "FAILED_SCORE"]
+__all__ = ["TrialContext", "ResultCache", "GpuMeasureLease", "measure_config", "run_trial", "trial_metrics",
+           "metric_name", "FAILED_SCORE"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +60,8 @@ class TrialContext:
         ready_timeout_s: how long an engine may take to answer ``/v1/models``.
         request_timeout_s: per-request timeout of the bench client.
         tokenizer: tokenizer path for LMDeploy workloads (``None``: the bench's default counter).
+        measure_lease_actor: name of the sweep's :class:`GpuMeasureLease` actor when engines share
+            GPUs (``None``: each trial owns its GPUs and measures whenever it is ready).
     """
 
     sweep_id: str
@@ -72,6 +76,7 @@ class TrialContext:
     ready_timeout_s: float = 900.0
     request_timeout_s: float = 3600.0
     tokenizer: str | None = None
+    measure_lease_actor: str | None = None
 
 
 def measure_config(
@@ -86,21 +91,24 @@ def measure_config(
     ready_timeout_s: float = 900.0,
     request_timeout_s: float = 3600.0,
     tokenizer: Any = None,
+    measure_guard: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
 ) -> tuple[dict[tuple[str, int], dict[str, Any]], str, float | None]:
     """Start one engine, run every bucket x load level against it, stop it.
+
+    ``measure_guard`` is entered after the engine is ready and held while it is measured (engines
+    sharing a GPU: start side by side, measure one at a time).
 
     Returns ``(measurements, failure, startup_s)``: ``BenchResult`` dicts by (bucket, concurrency),
     the reason the engine failed ('' if it did not), and the engine's start-up time in seconds.
     """
     from orchestrator.engine import EngineProcess
-    from tuning.bench import SteadyStateRule, benchmark
+    from tuning.bench import SteadyStateRule
 
     rule = SteadyStateRule(**steady_state) if steady_state else None
     is_sim = config.backend is Backend.SIM
     engine = EngineProcess(config, gpus=None if is_sim else gpus, log_dir=log_dir,
                            ready_timeout_s=ready_timeout_s, sim_time_scale=sim_time_scale if is_sim else None)
     measurements: dict[tuple[str, int], dict[str, Any]] = {}
-    failure = ""
     startup_s: float | None = None
     try:
         t0 = time.monotonic()
@@ -112,24 +120,38 @@ def measure_config(
         startup_s = time.monotonic() - t0
         if is_sim and sim_time_scale:
             startup_s *= sim_time_scale  # simulated seconds, like every other sim figure
-        for b in buckets:
-            for c in b.concurrency_levels:
-                bucket_rule = rule if b.max_output_len >= steady_state_min_output_len else None
-                try:
-                    result = benchmark(engine.base_url, b.workload_at(c), engine_config=config,
-                                       steady_state=bucket_rule, request_timeout_s=request_timeout_s,
-                                       tokenizer=tokenizer)
-                    measurements[(b.name, c)] = result.to_dict()
-                    engine.check_health()
-                except EngineError as e:
-                    return measurements, _reason(f"engine failed during bucket {b.name} (concurrency {c})", e), startup_s
-                except OrchestratorError as e:  # bench could not run at all (server unreachable...)
-                    if not engine.is_alive():
-                        return measurements, _reason(f"engine died during bucket {b.name}", e), startup_s
-                    return measurements, _reason(f"benchmark of bucket {b.name} failed", e), startup_s
+        with measure_guard() if measure_guard is not None else contextlib.nullcontext():
+            failure = _measure_buckets(engine, config, buckets, rule=rule, measurements=measurements,
+                                       steady_state_min_output_len=steady_state_min_output_len,
+                                       request_timeout_s=request_timeout_s, tokenizer=tokenizer)
         return measurements, failure, startup_s
     finally:
         engine.stop()
+
+
+def _measure_buckets(engine: Any, config: EngineConfig, buckets: Sequence[Bucket], *, rule: Any,
+                     measurements: dict[tuple[str, int], dict[str, Any]], steady_state_min_output_len: int,
+                     request_timeout_s: float, tokenizer: Any) -> str:
+    """Every bucket x load level against the ready ``engine`` into ``measurements``; returns the
+    failure reason ('' when all ran)."""
+    from tuning.bench import benchmark
+
+    for b in buckets:
+        for c in b.concurrency_levels:
+            bucket_rule = rule if b.max_output_len >= steady_state_min_output_len else None
+            try:
+                result = benchmark(engine.base_url, b.workload_at(c), engine_config=config,
+                                   steady_state=bucket_rule, request_timeout_s=request_timeout_s,
+                                   tokenizer=tokenizer)
+                measurements[(b.name, c)] = result.to_dict()
+                engine.check_health()
+            except EngineError as e:
+                return _reason(f"engine failed during bucket {b.name} (concurrency {c})", e)
+            except OrchestratorError as e:  # bench could not run at all (server unreachable...)
+                if not engine.is_alive():
+                    return _reason(f"engine died during bucket {b.name}", e)
+                return _reason(f"benchmark of bucket {b.name} failed", e)
+    return ""
 
 
 def _reason(prefix: str, e: BaseException, limit: int = 1500) -> str:
@@ -193,6 +215,77 @@ class ResultCache:
         return sorted(self._rows)
 
 
+class GpuMeasureLease:
+    """Which trial may measure on each GPU now (a Ray actor, one per sweep run with ``--share-gpu``).
+
+    Engines that share a GPU start side by side, but a figure taken while another engine on the same
+    GPU serves load would measure the neighbour too; so measuring takes a lease per GPU. The lease
+    expires ``ttl_s`` after its holder last renewed it (:func:`measure_lease` renews in a thread), so
+    a trial that dies while holding it blocks the GPU for ``ttl_s`` at most, never for good.
+    """
+
+    def __init__(self, ttl_s: float = 30.0) -> None:
+        self._ttl_s = ttl_s
+        self._held: dict[str, tuple[str, float]] = {}
+
+    def try_acquire(self, gpu: str, holder: str) -> bool:
+        """Take (or renew) ``gpu``'s lease for ``holder``; ``False`` while someone else holds it."""
+        now = time.monotonic()
+        current = self._held.get(gpu)
+        if current is not None and current[0] != holder and current[1] > now:
+            return False
+        self._held[gpu] = (holder, now + self._ttl_s)
+        return True
+
+    def release(self, gpu: str, holder: str) -> None:
+        if self._held.get(gpu, ("", 0.0))[0] == holder:
+            del self._held[gpu]
+
+    def holders(self) -> dict[str, str]:
+        now = time.monotonic()
+        return {gpu: h for gpu, (h, until) in self._held.items() if until > now}
+
+
+@contextlib.contextmanager
+def measure_lease(lease: Any, gpus: Sequence[str], holder: str, *, poll_s: float = 0.5,
+                  renew_s: float = 5.0) -> Iterator[None]:
+    """Hold the measurement lease of every GPU in ``gpus`` (a :class:`GpuMeasureLease` actor handle)
+    for the ``with`` body. All or none: a partial hold is given back before waiting again, so two
+    trials can never each hold half of what the other needs."""
+    import ray
+
+    gpus = sorted(gpus)
+    while True:
+        got = [g for g in gpus if ray.get(lease.try_acquire.remote(g, holder))]
+        if len(got) == len(gpus):
+            break
+        for g in got:
+            ray.get(lease.release.remote(g, holder))
+        time.sleep(poll_s)
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(renew_s):
+            for g in gpus:
+                try:
+                    ray.get(lease.try_acquire.remote(g, holder))
+                except Exception:  # noqa: BLE001 - the sweep is ending; the lease expires by itself
+                    return
+
+    renewer = threading.Thread(target=renew, name="measure-lease-renew", daemon=True)
+    renewer.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        renewer.join(timeout=renew_s)
+        for g in gpus:
+            try:
+                ray.get(lease.release.remote(g, holder))
+            except Exception:  # noqa: BLE001 - actor gone with the sweep
+                pass
+
+
 def _cached_copy(rows: Sequence[Mapping[str, Any]], *, trial_id: str, role: str) -> list[dict[str, Any]]:
     return [{**r, "trial_id": trial_id, "role": role, "cached": True,
              "cached_from_trial": r.get("cached_from_trial") or r.get("trial_id")} for r in rows]
@@ -240,11 +333,17 @@ def run_trial(trial_config: dict[str, Any], context: TrialContext) -> None:
     try:
         gpus = [int(g) for g in ray.get_gpu_ids()] if config.backend is not Backend.SIM else None
         log_dir = Path(context.run_dir) / "engine-logs" / trial_id
+        guard = None
+        if context.measure_lease_actor and gpus:
+            lease = ray.get_actor(context.measure_lease_actor, namespace=context.cache_namespace)
+            node = ray.get_runtime_context().get_node_id()
+            gpu_keys = [f"{node}:{g}" for g in gpus]
+            guard = lambda: measure_lease(lease, gpu_keys, trial_id)  # noqa: E731
         measurements, failure, startup_s = measure_config(
             config, buckets, log_dir=log_dir, gpus=gpus, sim_time_scale=context.sim_time_scale,
             steady_state=context.steady_state, steady_state_min_output_len=context.steady_state_min_output_len,
             ready_timeout_s=context.ready_timeout_s, request_timeout_s=context.request_timeout_s,
-            tokenizer=_load_tokenizer(context.tokenizer),
+            tokenizer=_load_tokenizer(context.tokenizer), measure_guard=guard,
         )
         rows = rows_for_trial(sweep_id=context.sweep_id, trial_id=trial_id, role=role, config=config,
                               buckets=buckets, measurements=measurements, failure=failure,

@@ -43,6 +43,7 @@ __all__ = [
     "ScalingSpec",
     "app_builder",
     "build_app",
+    "gpus_needed",
     "load_table",
     "router_spec",
 ]
@@ -122,6 +123,11 @@ class EngineOptions(_Args):
         description="extra replicas while a code change restarts an engine deployment (needs spare GPUs)",
     )
     log_dir: str | None = None
+    share_gpu: bool = Field(
+        default=False,
+        description="tp=1 engines reserve memory_fraction + headroom of a GPU instead of a whole one, so several "
+                    "fit on one GPU (small models only; EngineConfig.gpu_request)",
+    )
 
     @model_validator(mode="after")
     def _probe_fits(self) -> EngineOptions:
@@ -241,6 +247,16 @@ def scaling_for(args: AppArgs, table: RoutingTable, key: str) -> ScalingSpec:
     return args.scaling.get("default", ScalingSpec())
 
 
+def gpus_needed(args: AppArgs, table: RoutingTable) -> float:
+    """GPUs the table's engine deployments reserve at their minimum replica counts."""
+    total = 0.0
+    for key, cfg in table.distinct_configs().items():
+        opts = scaling_for(args, table, key).deployment_options()
+        replicas = opts.get("num_replicas") or opts.get("autoscaling_config", {}).get("min_replicas", 1)
+        total += cfg.gpu_request(share_gpu=args.engine.share_gpu) * max(1, int(replicas))
+    return total
+
+
 def build_app(
     args: AppArgs | Mapping[str, Any],
     *,
@@ -295,7 +311,7 @@ def build_app(
         scaling = scaling_for(args, table, key)
         deployment = serve.deployment(EngineReplica).options(
             name=key,
-            ray_actor_options={"num_gpus": 0 if cfg.backend is Backend.SIM else cfg.tp, "num_cpus": opts.num_cpus},
+            ray_actor_options={"num_gpus": cfg.gpu_request(share_gpu=opts.share_gpu), "num_cpus": opts.num_cpus},
             health_check_period_s=opts.health_check_period_s,
             health_check_timeout_s=opts.health_check_timeout_s,
             graceful_shutdown_timeout_s=opts.graceful_shutdown_timeout_s,
