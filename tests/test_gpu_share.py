@@ -130,7 +130,7 @@ MTP4 = MTP3.replace(num_draft_tokens=4)
 
 
 def test_shared_replicas_reserve_their_fraction_and_the_table_must_fit(tmp_path):
-    from orchestrator.serve.app import AppArgs, build_app, gpus_needed, load_table
+    from orchestrator.serve.app import AppArgs, build_app, load_table, resources_needed
 
     path = _table(tmp_path / "t.json", [MTP3, MTP4])
     args = AppArgs.parse({"routing_table": str(path), "engine": {"share_gpu": True},
@@ -138,9 +138,9 @@ def test_shared_replicas_reserve_their_fraction_and_the_table_must_fit(tmp_path)
     app = build_app(args)
     engines = {k: v._bound_deployment for k, v in app._bound_deployment.init_args[1].items()}
     assert engines[MTP3.key()]._replica_config.ray_actor_options["num_gpus"] == pytest.approx(0.4)
-    assert gpus_needed(args, load_table(args)) == pytest.approx(3 * 0.4)
+    assert resources_needed(args, load_table(args)) == {"GPU": pytest.approx(3 * 0.4), "CPU": 4}  # + router
     unshared = AppArgs.parse({"routing_table": str(path)})
-    assert gpus_needed(unshared, load_table(unshared)) == 2
+    assert resources_needed(unshared, load_table(unshared))["GPU"] == 2
 
 
 def test_deploy_refuses_a_table_whose_engines_do_not_fit_the_cluster(tmp_path, ray_local):
@@ -150,6 +150,6 @@ def test_deploy_refuses_a_table_whose_engines_do_not_fit_the_cluster(tmp_path, r
     from orchestrator.deploy import deploy
 
     path = _table(tmp_path / "t.json", [MTP3, MTP4])
-    with pytest.raises(ConfigError, match="reserve 0.8 GPUs .* cluster has 0"):
+    with pytest.raises(ConfigError, match="reserves 0.8 GPUs .* cluster has 0"):
         deploy({"routing_table": str(path), "engine": {"share_gpu": True}}, app_name="too-big")
     assert "too-big" not in serve.status().applications

@@ -43,7 +43,7 @@ __all__ = [
     "ScalingSpec",
     "app_builder",
     "build_app",
-    "gpus_needed",
+    "resources_needed",
     "load_table",
     "router_spec",
 ]
@@ -247,14 +247,16 @@ def scaling_for(args: AppArgs, table: RoutingTable, key: str) -> ScalingSpec:
     return args.scaling.get("default", ScalingSpec())
 
 
-def gpus_needed(args: AppArgs, table: RoutingTable) -> float:
-    """GPUs the table's engine deployments reserve at their minimum replica counts."""
-    total = 0.0
+def resources_needed(args: AppArgs, table: RoutingTable) -> dict[str, float]:
+    """GPUs and CPUs the app reserves with every deployment at its minimum replica count (a replica
+    that can never be placed would sit pending without a word, so deploy checks this first)."""
+    gpus, cpus = 0.0, args.router.num_cpus * args.router.num_replicas
     for key, cfg in table.distinct_configs().items():
         opts = scaling_for(args, table, key).deployment_options()
-        replicas = opts.get("num_replicas") or opts.get("autoscaling_config", {}).get("min_replicas", 1)
-        total += cfg.gpu_request(share_gpu=args.engine.share_gpu) * max(1, int(replicas))
-    return total
+        replicas = max(1, int(opts.get("num_replicas") or opts.get("autoscaling_config", {}).get("min_replicas", 1)))
+        gpus += cfg.gpu_request(share_gpu=args.engine.share_gpu) * replicas
+        cpus += args.engine.num_cpus * replicas
+    return {"GPU": round(gpus, 4), "CPU": round(cpus, 4)}
 
 
 def build_app(
