@@ -198,9 +198,14 @@ def test_bad_requests_and_api_keys_get_openai_errors(cluster: Cluster):
 
 
 def test_metrics_reach_rays_prometheus_endpoint(cluster: Cluster):
-    # Traffic on both buckets so the accept-length poller sees MTP counters move.
+    # Traffic on both buckets so the accept-length poller sees MTP counters move; a streamed request
+    # (TTFT/TPOT) and a refused one (errors), so the test does not lean on the tests before it.
     for _ in range(3):
         cluster.client.completions.create(model=MODEL, prompt="a b c", max_tokens=300)
+    for _chunk in cluster.client.completions.create(model=MODEL, prompt="a b c", max_tokens=50, stream=True):
+        pass
+    with pytest.raises(openai.BadRequestError):
+        cluster.client.completions.create(model=MODEL, prompt="a b c", max_tokens=-1)
     port = ray._private.worker.global_worker.node.metrics_export_port
     wanted = [
         "ray_mtp_router_requests_total", "ray_mtp_router_output_tokens_total", "ray_mtp_router_ttft_seconds_bucket",

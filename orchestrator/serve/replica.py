@@ -274,7 +274,10 @@ class EngineReplica:
         while True:
             started = time.monotonic()
             try:
-                async with self._session.get(self.engine.base_url + "/metrics") as resp:
+                # The session passes generation bytes through undecoded (auto_decompress=False), and
+                # LMDeploy's /metrics gzips when asked (aiohttp asks by default): ask for plain text.
+                async with self._session.get(self.engine.base_url + "/metrics",
+                                             headers={"Accept-Encoding": "identity"}) as resp:
                     text = await resp.text()
                 samples = parse_prometheus_text(text)
                 self._last_samples = samples

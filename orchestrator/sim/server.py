@@ -19,7 +19,8 @@ from dataclasses import asdict
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import _bake_output
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from orchestrator.ports import host_boot_id
@@ -369,8 +370,11 @@ def build_app(engine: SimEngine) -> web.Application:
     async def health(_request: web.Request) -> web.Response:
         return web.Response(text="")
 
-    async def metrics(_request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(registry), content_type="text/plain", charset="utf-8")
+    async def metrics(request: web.Request) -> web.Response:
+        # Like LMDeploy's /metrics (prometheus_client's ASGI app): gzip when the client accepts it.
+        status, headers, body = _bake_output(registry, request.headers.get("Accept", ""),
+                                             request.headers.get("Accept-Encoding", ""), {}, False)
+        return web.Response(body=body, headers=dict(headers), status=int(status.split()[0]))
 
     async def info(_request: web.Request) -> web.Response:
         return web.json_response(engine.info())
