@@ -90,6 +90,7 @@ def make_buckets(
     seed: int = 0,
     dataset: str = "random",
     sharegpt_path: str | None = None,
+    warmup_requests: int = 0,
 ) -> tuple[Bucket, ...]:
     """Buckets for the given upper bounds, each with the published random-dataset workload.
 
@@ -106,7 +107,7 @@ def make_buckets(
         wl = Workload(
             dataset=dataset, input_len=input_len, output_len=bound, range_ratio=range_ratio,
             num_prompts=int(n), max_concurrency=levels[0] if levels else None, temperature=temperature,
-            seed=seed, sharegpt_path=sharegpt_path, name=bucket_name(bound),
+            seed=seed, sharegpt_path=sharegpt_path, name=bucket_name(bound), warmup_requests=int(warmup_requests),
         )
         out.append(Bucket(bucket_name(bound), bound, wl, levels))
     return tuple(out)

@@ -96,6 +96,12 @@ def load_defaults(path: str | Path = DEFAULTS_PATH) -> dict[str, Any]:
         raise SweepError(f"cannot read sweep defaults {path}: {e}") from None
 
 
+GPU_WARMUP_REQUESTS = 64
+"""Warm-up requests per bucket on real engines (one batch at the default concurrency; output capped
+by the bench client): measured on the H200, a fresh engine's first batch ran at ~2 s median TTFT vs
+~0.7 s once warm (benchmarks/results/gpu_e2e_h200_2026-11-29)."""
+
+
 # ----- the sweep's fixed description ------------------------------------------------------------------
 @dataclass(frozen=True)
 class SweepSpec:
@@ -737,6 +743,8 @@ def build_spec(args: argparse.Namespace, defaults: Mapping[str, Any] | None = No
         range_ratio=float(bcfg.get("range_ratio", 0.5)), concurrency_levels=bcfg.get("concurrency_levels", (64,)),
         num_prompts=num_prompts, temperature=float(bcfg.get("temperature", 0.0)), seed=int(bcfg.get("seed", 0)),
         dataset=args.dataset or bcfg.get("dataset", "random"), sharegpt_path=args.dataset_path,
+        warmup_requests=(args.warmup_requests if args.warmup_requests is not None
+                         else int(bcfg.get("warmup_requests", 0 if simulated else GPU_WARMUP_REQUESTS))),
     )
     sweep_cfg = {**d.get("sweep", {}), **sim.get("sweep", {})}
     if simulated:
@@ -805,6 +813,9 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--num-prompts", type=int, help="prompts per bucket (default per bucket from defaults.yaml)")
     w.add_argument("--dataset", choices=["random", "sharegpt"], help="dataset (default random)")
     w.add_argument("--dataset-path", help="ShareGPT JSON for --dataset sharegpt")
+    w.add_argument("--warmup-requests", type=int, help="requests sent to each bucket's engine before measuring, "
+                   f"not counted (default {GPU_WARMUP_REQUESTS} with --model: a fresh LMDeploy engine's first batches "
+                   "pay one-time kernel set-up; 0 on the simulator)")
     w.add_argument("--no-early-stop", action="store_true", help="run every request to completion (no "
                    "steady-state early stop)")
     r = p.add_argument_group("search and budgets")
