@@ -1,7 +1,9 @@
 """Router overhead: the Serve router in front of a simulated engine vs the same engine called directly.
 
     python benchmarks/router_overhead.py [--concurrency 64] [--requests 256] [--max-tokens 512]
-        [--time-scale 1] [--soak-streams 256] [--soak-seconds 60] [--out benchmarks/results/router_overhead]
+        [--time-scale 1] [--soak-streams 256] [--soak-seconds 60]
+        [--engine-transport grpc|object_ref] [--proxy-grpc] [--throughput-optimized]
+        [--out-dir DIR | --out benchmarks/results/router_overhead]
 
 Three runs, one after another (never concurrently, so they don't compete for CPU):
 
@@ -14,7 +16,7 @@ Three runs, one after another (never concurrently, so they don't compete for CPU
 
 All times are wall-clock, measured by the client (the simulator's own figures are in simulated time
 and are not used). Output throughput = completion tokens (from the usage chunk) / wall time of the run.
-Writes ``<out>.json`` and ``<out>.md``.
+Writes ``<out>.json`` and ``<out>.md`` (``--out-dir DIR``: ``DIR/router_overhead.json`` and ``.md``).
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from orchestrator.engine import EngineProcess  # noqa: E402
-from benchmarks.sim_serve import MODEL, SIM_MTP3, served_sim_table  # noqa: E402
+from benchmarks.sim_serve import MODEL, SIM_MTP3, add_serve_arguments, apply_serve_env, serve_settings, served_sim_table  # noqa: E402
 from benchmarks.sim_serve import prompts as sample_prompts  # noqa: E402
 from tuning.routing import utc_now_iso  # noqa: E402
 
@@ -107,10 +109,20 @@ async def closed_loop(url: str, *, concurrency: int, requests: int | None, secon
     }
 
 
+def run_label(r: dict[str, Any]) -> str:
+    """Column name of one run: the Serve path it measured."""
+    serve = r.get("serve") or {}
+    parts = [f'engine stream over {serve.get("engine_transport", "object_ref")}']
+    if serve.get("proxy_grpc"):
+        parts.append("proxy over gRPC")
+    parts.append("throughput-optimized" if r.get("throughput_optimized") else "Serve defaults")
+    return ", ".join(parts)
+
+
 def markdown(results: list[dict[str, Any]], notes: str = "") -> str:
     """A results page: one column per run (e.g. Serve default vs RAY_SERVE_THROUGHPUT_OPTIMIZED=1)."""
     r0 = results[0]
-    names = ["throughput-optimized" if r.get("throughput_optimized") else "Serve defaults" for r in results]
+    names = [run_label(r) for r in results]
     rows = [
         ("output tok/s, direct (c=%d)" % r0["settings"]["concurrency"], lambda r: f'{r["direct"]["output_throughput"]:.0f}'),
         ("output tok/s, via router", lambda r: f'{r["router"]["output_throughput"]:.0f}'),
@@ -147,14 +159,10 @@ def main() -> int:
     p.add_argument("--soak-streams", type=int, default=256)
     p.add_argument("--soak-seconds", type=float, default=60.0)
     p.add_argument("--idle-requests", type=int, default=30, help="sequential requests for the unloaded TTFT probe")
-    p.add_argument("--num-cpus", type=int, default=None, help="logical CPUs for ray.init (default: os.cpu_count())")
-    p.add_argument("--throughput-optimized", action="store_true",
-                   help="start Ray with RAY_SERVE_THROUGHPUT_OPTIMIZED=1 (user code on the replica's main loop, "
-                        "gRPC between deployments)")
+    add_serve_arguments(p)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "router_overhead"))
     a = p.parse_args()
-    if a.throughput_optimized:
-        os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] = "1"  # inherited by the local cluster's workers
+    apply_serve_env(a)
 
     import ray
 
@@ -177,7 +185,7 @@ def main() -> int:
 
     # 2. router, 3. soak
     with served_sim_table(config, work_dir=tmp, api_key=API_KEY, time_scale=a.time_scale,
-                          num_cpus=a.num_cpus, app_name="bench") as url:
+                          num_cpus=a.num_cpus, app_name="bench", engine_transport=a.engine_transport) as url:
         asyncio.run(closed_loop(url, **{**run, "requests": a.concurrency}, headers=headers_router))  # warm-up
         router = asyncio.run(closed_loop(url, **run, headers=headers_router))
         router_idle = asyncio.run(closed_loop(url, **idle, headers=headers_router))
@@ -208,10 +216,11 @@ def main() -> int:
             "soak_zero_errors": soak["failed"] == 0 and soak["completed"] > 0,
         },
         "throughput_optimized": a.throughput_optimized,
+        "serve": serve_settings(a),
         "load_average_after": os.getloadavg(),
         "finished_at": utc_now_iso(),
     }
-    out = Path(a.out)
+    out = Path(a.out_dir) / "router_overhead" if a.out_dir else Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown([result]))
