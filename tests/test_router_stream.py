@@ -207,3 +207,69 @@ def test_app_args_carry_the_engine_transport_to_the_router_spec(tmp_path):
     assert router_spec(args, table).engine_transport == "object_ref"
     with pytest.raises(Exception, match="engine_transport"):
         AppArgs.parse({"routing_table": str(path), "router": {"engine_transport": "carrier-pigeon"}})
+
+
+# ----- the engine replica's side: one handle item = whatever the engine had sent --------------------
+class _FakeEngine:
+    """What :meth:`EngineReplica.generate` needs of an ``EngineProcess``."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url, self.returncode = base_url, None
+
+    def is_alive(self) -> bool:
+        return True
+
+    def stop(self) -> None:
+        pass
+
+
+def test_replica_yields_what_arrived_together_as_one_item_and_never_waits_for_more():
+    aiohttp = pytest.importorskip("aiohttp")
+    from aiohttp import web
+
+    from orchestrator.serve.replica import EngineReplica
+
+    data = _engine_stream()
+    ends = [i + 2 for i in range(len(data)) if data.startswith(b"\n\n", i)]
+    burst, single, rest = data[:ends[2]], data[ends[2]:ends[3]], data[ends[3]:]
+
+    async def scenario() -> None:
+        release_single, release_rest = asyncio.Event(), asyncio.Event()
+
+        async def completions(request: web.Request) -> web.StreamResponse:
+            resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+            await resp.prepare(request)
+            await resp.write(burst)  # three events in one write: they arrive together
+            await release_single.wait()
+            await resp.write(single)
+            await release_rest.wait()
+            await resp.write(rest)
+            await resp.write_eof()
+            return resp
+
+        app = web.Application()
+        app.router.add_post("/v1/completions", completions)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        replica = EngineReplica.__new__(EngineReplica)  # no engine process: only the request path is tested
+        replica.engine, replica.key = _FakeEngine(f"http://127.0.0.1:{port}"), "fake"
+        replica._session = aiohttp.ClientSession()
+        replica._poller = asyncio.get_running_loop().create_future()  # no metrics poller
+        try:
+            gen = replica.generate("/v1/completions", b"{}")
+            head = await asyncio.wait_for(gen.__anext__(), 5)
+            # The head came while the engine was still holding the rest back: nothing waited to fill a buffer.
+            assert head["status"] == 200 and head["first"] == burst, "the burst must be one item, and complete"
+            release_single.set()
+            assert await asyncio.wait_for(gen.__anext__(), 5) == single
+            release_rest.set()
+            tail = [item async for item in gen]
+            assert b"".join(tail) == rest
+        finally:
+            await replica._session.close()
+            await runner.cleanup()
+
+    asyncio.run(scenario())
