@@ -2,7 +2,7 @@
 
     python benchmarks/router_overhead.py [--concurrency 64] [--requests 256] [--max-tokens 512]
         [--time-scale 1] [--soak-streams 256] [--soak-seconds 60]
-        [--engine-transport grpc|object_ref] [--proxy-grpc] [--throughput-optimized]
+        [--engine-transport grpc|object_ref] [--proxy-grpc] [--throughput-optimized] [--direct-ingress]
         [--out-dir DIR | --out benchmarks/results/router_overhead]
 
 Three runs, one after another (never concurrently, so they don't compete for CPU):
@@ -43,6 +43,28 @@ from benchmarks.sim_serve import prompts as sample_prompts  # noqa: E402
 from tuning.routing import utc_now_iso  # noqa: E402
 
 API_KEY = "sk-bench"
+
+
+def _cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds a process has used (``/proc/PID/stat``), ``None`` once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_per_request(pids: dict[str, int], run: Any) -> tuple[Any, dict[str, float | None]]:
+    """Run ``run()`` and return its result with the CPU milliseconds each process in ``pids`` spent
+    per request of it: a figure that CPU contention from other jobs changes much less than latency."""
+    before = {k: _cpu_s(p) for k, p in pids.items()}
+    result = run()
+    n = max(1, result["requests"])
+    out: dict[str, float | None] = {}
+    for k, p in pids.items():
+        after = _cpu_s(p)
+        out[k] = None if after is None or before[k] is None else round(1000 * (after - before[k]) / n, 2)
+    return result, out
 
 
 async def _one(session: aiohttp.ClientSession, url: str, prompt: str, max_tokens: int, headers: dict) -> dict[str, Any]:
@@ -115,6 +137,8 @@ def run_label(r: dict[str, Any]) -> str:
     parts = [f'engine stream over {serve.get("engine_transport", "object_ref")}']
     if serve.get("proxy_grpc"):
         parts.append("proxy over gRPC")
+    if serve.get("direct_ingress"):
+        parts.append("direct ingress (no proxy)")
     parts.append("throughput-optimized" if r.get("throughput_optimized") else "Serve defaults")
     return ", ".join(parts)
 
@@ -130,6 +154,8 @@ def markdown(results: list[dict[str, Any]], notes: str = "") -> str:
         ("median TTFT direct / router, ms", lambda r: f'{r["direct"]["ttft_ms_median"]:.1f} / {r["router"]["ttft_ms_median"]:.1f}'),
         ("**added median TTFT, ms** (goal <= 5)", lambda r: f'**{r["added_ttft_ms_median"]:.1f}**'),
         ("added median TTFT, one request at a time, ms", lambda r: f'{r["added_ttft_ms_median_idle"]:.1f}'),
+        ("Serve CPU per request: proxy / router / engine replica, ms", lambda r: " / ".join(
+            f'{(r["router"].get("cpu_ms_per_request") or {}).get(k) or "-"}' for k in ("proxy", "router", "engine_replica"))),
         ("soak: %d streams x %gs: completed / failed" % (r0["settings"]["soak_streams"], r0["settings"]["soak_seconds"]),
          lambda r: f'{r["soak"]["completed"]} / **{r["soak"]["failed"]}**'),
         ("soak output tok/s, median TTFT ms", lambda r: f'{r["soak"]["output_throughput"]:.0f}, {r["soak"]["ttft_ms_median"]:.0f}'),
@@ -185,9 +211,14 @@ def main() -> int:
 
     # 2. router, 3. soak
     with served_sim_table(config, work_dir=tmp, api_key=API_KEY, time_scale=a.time_scale,
-                          num_cpus=a.num_cpus, app_name="bench", engine_transport=a.engine_transport) as url:
+                          num_cpus=a.num_cpus, app_name="bench", engine_transport=a.engine_transport, direct_ingress=a.direct_ingress) as url:
         asyncio.run(closed_loop(url, **{**run, "requests": a.concurrency}, headers=headers_router))  # warm-up
-        router = asyncio.run(closed_loop(url, **run, headers=headers_router))
+        from benchmarks.soak_router import find_pids
+
+        pids = find_pids("bench")
+        router, router_cpu = cpu_per_request(pids, lambda: asyncio.run(closed_loop(url, **run, headers=headers_router)))
+        router["cpu_ms_per_request"] = router_cpu
+        print("router CPU ms per request:", json.dumps(router_cpu))
         router_idle = asyncio.run(closed_loop(url, **idle, headers=headers_router))
         print("router:", json.dumps(router), "\nrouter idle:", json.dumps(router_idle))
         soak = asyncio.run(closed_loop(url, concurrency=a.soak_streams, requests=None, seconds=a.soak_seconds,

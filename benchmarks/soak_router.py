@@ -3,7 +3,8 @@ watch the router replica's memory.
 
     python benchmarks/soak_router.py [--streams 256] [--seconds 60] [--warmup-seconds 15]
         [--max-tokens 512] [--input-tokens 256] [--time-scale 1]
-        [--engine-transport grpc|object_ref] [--proxy-grpc] [--throughput-optimized] [--malloc-arena-max N]
+        [--engine-transport grpc|object_ref] [--proxy-grpc] [--throughput-optimized] [--direct-ingress]
+        [--malloc-arena-max N]
         [--out-dir DIR | --out benchmarks/results/soak_router]
 
 One simulated engine (MTP, 3 draft tokens) behind the router (API key on, like production), on a local
@@ -281,6 +282,7 @@ def markdown(r: dict[str, Any]) -> str:
         f"{router.get('second_half', {}).get('kib_per_request')} KiB per request) |",
         f"| Serve path | engine stream over {r['serve']['engine_transport']}"
         f"{', proxy over gRPC' if r['serve']['proxy_grpc'] else ''}"
+        f"{', direct ingress (no proxy)' if r['serve'].get('direct_ingress') else ''}"
         f"{', RAY_SERVE_THROUGHPUT_OPTIMIZED=1' if r['serve']['throughput_optimized'] else ''}"
         f"{', MALLOC_ARENA_MAX=' + str(w['malloc_arena_max']) if w.get('malloc_arena_max') else ''} |",
     ]
@@ -320,7 +322,7 @@ def main() -> int:
     prompts = sample_prompts(64, a.input_tokens)
     tmp = Path(tempfile.mkdtemp(prefix="soak-router-"))
     with served_sim_table(config, work_dir=tmp, api_key=API_KEY, time_scale=a.time_scale,
-                          num_cpus=a.num_cpus, app_name=APP, engine_transport=a.engine_transport) as url:
+                          num_cpus=a.num_cpus, app_name=APP, engine_transport=a.engine_transport, direct_ingress=a.direct_ingress) as url:
         pids = find_pids()
         print("processes:", pids, flush=True)
         warm, warm_wall = asyncio.run(closed_loop(url, streams=a.streams, seconds=a.warmup_seconds,
