@@ -1,7 +1,9 @@
 """Router overhead: the Serve router in front of a simulated engine vs the same engine called directly.
 
     python benchmarks/router_overhead.py [--concurrency 64] [--requests 256] [--max-tokens 512]
-        [--time-scale 1] [--soak-streams 256] [--soak-seconds 60] [--out benchmarks/results/router_overhead]
+        [--time-scale 1] [--soak-streams 256] [--soak-seconds 60]
+        [--engine-transport grpc|object_ref] [--proxy-grpc] [--throughput-optimized] [--direct-ingress]
+        [--out-dir DIR | --out benchmarks/results/router_overhead]
 
 Three runs, one after another (never concurrently, so they don't compete for CPU):
 
@@ -14,7 +16,7 @@ Three runs, one after another (never concurrently, so they don't compete for CPU
 
 All times are wall-clock, measured by the client (the simulator's own figures are in simulated time
 and are not used). Output throughput = completion tokens (from the usage chunk) / wall time of the run.
-Writes ``<out>.json`` and ``<out>.md``.
+Writes ``<out>.json`` and ``<out>.md`` (``--out-dir DIR``: ``DIR/router_overhead.json`` and ``.md``).
 """
 from __future__ import annotations
 
@@ -36,11 +38,33 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from orchestrator.engine import EngineProcess  # noqa: E402
-from benchmarks.sim_serve import MODEL, SIM_MTP3, served_sim_table  # noqa: E402
+from benchmarks.sim_serve import MODEL, SIM_MTP3, add_serve_arguments, apply_serve_env, serve_settings, served_sim_table  # noqa: E402
 from benchmarks.sim_serve import prompts as sample_prompts  # noqa: E402
 from tuning.routing import utc_now_iso  # noqa: E402
 
 API_KEY = "sk-bench"
+
+
+def _cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds a process has used (``/proc/PID/stat``), ``None`` once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_per_request(pids: dict[str, int], run: Any) -> tuple[Any, dict[str, float | None]]:
+    """Run ``run()`` and return its result with the CPU milliseconds each process in ``pids`` spent
+    per request of it: a figure that CPU contention from other jobs changes much less than latency."""
+    before = {k: _cpu_s(p) for k, p in pids.items()}
+    result = run()
+    n = max(1, result["requests"])
+    out: dict[str, float | None] = {}
+    for k, p in pids.items():
+        after = _cpu_s(p)
+        out[k] = None if after is None or before[k] is None else round(1000 * (after - before[k]) / n, 2)
+    return result, out
 
 
 async def _one(session: aiohttp.ClientSession, url: str, prompt: str, max_tokens: int, headers: dict) -> dict[str, Any]:
@@ -107,10 +131,22 @@ async def closed_loop(url: str, *, concurrency: int, requests: int | None, secon
     }
 
 
+def run_label(r: dict[str, Any]) -> str:
+    """Column name of one run: the Serve path it measured."""
+    serve = r.get("serve") or {}
+    parts = [f'engine stream over {serve.get("engine_transport", "object_ref")}']
+    if serve.get("proxy_grpc"):
+        parts.append("proxy over gRPC")
+    if serve.get("direct_ingress"):
+        parts.append("direct ingress (no proxy)")
+    parts.append("throughput-optimized" if r.get("throughput_optimized") else "Serve defaults")
+    return ", ".join(parts)
+
+
 def markdown(results: list[dict[str, Any]], notes: str = "") -> str:
     """A results page: one column per run (e.g. Serve default vs RAY_SERVE_THROUGHPUT_OPTIMIZED=1)."""
     r0 = results[0]
-    names = ["throughput-optimized" if r.get("throughput_optimized") else "Serve defaults" for r in results]
+    names = [run_label(r) for r in results]
     rows = [
         ("output tok/s, direct (c=%d)" % r0["settings"]["concurrency"], lambda r: f'{r["direct"]["output_throughput"]:.0f}'),
         ("output tok/s, via router", lambda r: f'{r["router"]["output_throughput"]:.0f}'),
@@ -118,6 +154,8 @@ def markdown(results: list[dict[str, Any]], notes: str = "") -> str:
         ("median TTFT direct / router, ms", lambda r: f'{r["direct"]["ttft_ms_median"]:.1f} / {r["router"]["ttft_ms_median"]:.1f}'),
         ("**added median TTFT, ms** (goal <= 5)", lambda r: f'**{r["added_ttft_ms_median"]:.1f}**'),
         ("added median TTFT, one request at a time, ms", lambda r: f'{r["added_ttft_ms_median_idle"]:.1f}'),
+        ("Serve CPU per request: proxy / router / engine replica, ms", lambda r: " / ".join(
+            f'{(r["router"].get("cpu_ms_per_request") or {}).get(k) or "-"}' for k in ("proxy", "router", "engine_replica"))),
         ("soak: %d streams x %gs: completed / failed" % (r0["settings"]["soak_streams"], r0["settings"]["soak_seconds"]),
          lambda r: f'{r["soak"]["completed"]} / **{r["soak"]["failed"]}**'),
         ("soak output tok/s, median TTFT ms", lambda r: f'{r["soak"]["output_throughput"]:.0f}, {r["soak"]["ttft_ms_median"]:.0f}'),
@@ -147,14 +185,10 @@ def main() -> int:
     p.add_argument("--soak-streams", type=int, default=256)
     p.add_argument("--soak-seconds", type=float, default=60.0)
     p.add_argument("--idle-requests", type=int, default=30, help="sequential requests for the unloaded TTFT probe")
-    p.add_argument("--num-cpus", type=int, default=None, help="logical CPUs for ray.init (default: os.cpu_count())")
-    p.add_argument("--throughput-optimized", action="store_true",
-                   help="start Ray with RAY_SERVE_THROUGHPUT_OPTIMIZED=1 (user code on the replica's main loop, "
-                        "gRPC between deployments)")
+    add_serve_arguments(p)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "router_overhead"))
     a = p.parse_args()
-    if a.throughput_optimized:
-        os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] = "1"  # inherited by the local cluster's workers
+    apply_serve_env(a)
 
     import ray
 
@@ -177,9 +211,14 @@ def main() -> int:
 
     # 2. router, 3. soak
     with served_sim_table(config, work_dir=tmp, api_key=API_KEY, time_scale=a.time_scale,
-                          num_cpus=a.num_cpus, app_name="bench") as url:
+                          num_cpus=a.num_cpus, app_name="bench", engine_transport=a.engine_transport, direct_ingress=a.direct_ingress) as url:
         asyncio.run(closed_loop(url, **{**run, "requests": a.concurrency}, headers=headers_router))  # warm-up
-        router = asyncio.run(closed_loop(url, **run, headers=headers_router))
+        from benchmarks.soak_router import find_pids
+
+        pids = find_pids("bench")
+        router, router_cpu = cpu_per_request(pids, lambda: asyncio.run(closed_loop(url, **run, headers=headers_router)))
+        router["cpu_ms_per_request"] = router_cpu
+        print("router CPU ms per request:", json.dumps(router_cpu))
         router_idle = asyncio.run(closed_loop(url, **idle, headers=headers_router))
         print("router:", json.dumps(router), "\nrouter idle:", json.dumps(router_idle))
         soak = asyncio.run(closed_loop(url, concurrency=a.soak_streams, requests=None, seconds=a.soak_seconds,
@@ -208,10 +247,11 @@ def main() -> int:
             "soak_zero_errors": soak["failed"] == 0 and soak["completed"] > 0,
         },
         "throughput_optimized": a.throughput_optimized,
+        "serve": serve_settings(a),
         "load_average_after": os.getloadavg(),
         "finished_at": utc_now_iso(),
     }
-    out = Path(a.out)
+    out = Path(a.out_dir) / "router_overhead" if a.out_dir else Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown([result]))

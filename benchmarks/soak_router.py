@@ -2,7 +2,10 @@
 watch the router replica's memory.
 
     python benchmarks/soak_router.py [--streams 256] [--seconds 60] [--warmup-seconds 15]
-        [--max-tokens 512] [--input-tokens 256] [--time-scale 1] [--out benchmarks/results/soak_router]
+        [--max-tokens 512] [--input-tokens 256] [--time-scale 1]
+        [--engine-transport grpc|object_ref] [--proxy-grpc] [--throughput-optimized] [--direct-ingress]
+        [--malloc-arena-max N]
+        [--out-dir DIR | --out benchmarks/results/soak_router]
 
 One simulated engine (MTP, 3 draft tokens) behind the router (API key on, like production), on a local
 Ray. ``--streams`` clients each send one streaming ``/v1/completions`` after another (closed loop):
@@ -10,11 +13,13 @@ first for ``--warmup-seconds`` (not counted: imports, connection pools and alloc
 then for ``--seconds`` (measured). The resident memory (``VmRSS`` from ``/proc``) of the router
 replica, the HTTP proxy and the engine replica is sampled every second from the end of the warm-up;
 the router's growth is (RSS at the end) - (RSS at the start of the measured window), with a
-least-squares slope over the window so one allocator spike isn't read as a leak.
+least-squares slope over the window so one allocator spike isn't read as a leak, and the slope of the
+first and the second half of the window compared: a leak keeps its slope (so much per request), a
+warm-up plateau flattens.
 
 A request counts as failed when the status isn't 200, the stream carries an ``error`` event, the
 connection breaks, or no usage chunk arrives. Every time is wall-clock at the client. Writes
-``<out>.json`` and ``<out>.md``.
+``<out>.json`` and ``<out>.md`` (``--out-dir DIR``: ``DIR/soak_router.json`` and ``.md``).
 """
 from __future__ import annotations
 
@@ -37,7 +42,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.sim_serve import MODEL, SIM_MTP3, served_sim_table  # noqa: E402
+from benchmarks.sim_serve import MODEL, SIM_MTP3, add_serve_arguments, apply_serve_env, serve_settings, served_sim_table  # noqa: E402
 from benchmarks.sim_serve import prompts as sample_prompts  # noqa: E402
 from tuning.routing import utc_now_iso  # noqa: E402
 
@@ -80,8 +85,9 @@ async def _one(session: aiohttp.ClientSession, url: str, prompt: str, max_tokens
             "itl_s": itl, "tokens": tokens}
 
 
-async def closed_loop(url: str, *, streams: int, seconds: float, max_tokens: int, prompts: list[str]) -> tuple[list, float]:
-    results: list[dict[str, Any]] = []
+async def closed_loop(url: str, *, streams: int, seconds: float, max_tokens: int, prompts: list[str],
+                      results: list[dict[str, Any]] | None = None) -> tuple[list, float]:
+    results = [] if results is None else results
     deadline = time.perf_counter() + seconds
     conn = aiohttp.TCPConnector(limit=0, force_close=False)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
@@ -134,28 +140,56 @@ def _rss_kib(pid: int) -> int | None:
     return None
 
 
-def find_pids() -> dict[str, int]:
-    """Router replica, HTTP proxy and engine replica processes, by Ray's process titles."""
-    wanted = {"router": f"ServeReplica:{APP}:router", "proxy": "ProxyActor", "engine_replica": f"ServeReplica:{APP}:"}
+def _descends_from(pid: int, ancestor: int) -> bool:
+    """Whether ``ancestor`` is among ``pid``'s ancestors (by ``PPid`` in ``/proc``)."""
+    seen = 0
+    while pid > 1 and seen < 64:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return False
+        pid = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("PPid:")))
+        if pid == ancestor:
+            return True
+        seen += 1
+    return False
+
+
+def find_pids(app: str = APP) -> dict[str, int]:
+    """Router replica, HTTP proxy and engine replica processes of *this* script's Ray (by Ray's
+    process titles, among the descendants of this process: another Ray on the same host, or one
+    still shutting down, must not be sampled instead)."""
+    wanted = {"router": f"ServeReplica:{app}:router", "proxy": "ProxyActor", "engine_replica": f"ServeReplica:{app}:"}
     found: dict[str, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    me = os.getpid()
+    for entry in sorted((e for e in Path("/proc").iterdir() if e.name.isdigit()), key=lambda e: int(e.name)):
         try:
             cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
         for name, needle in wanted.items():
-            if needle in cmd and name not in found:
+            if needle in cmd and name not in found and _descends_from(int(entry.name), me):
                 if name == "engine_replica" and "router" in cmd:
                     continue
                 found[name] = int(entry.name)
     return found
 
 
+def _slope(pts: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (x, y) points (0 when x does not vary)."""
+    if len(pts) < 2:
+        return 0.0
+    mx, my = statistics.fmean(p[0] for p in pts), statistics.fmean(p[1] for p in pts)
+    den = sum((x - mx) ** 2 for x, _ in pts)
+    return sum((x - mx) * (y - my) for x, y in pts) / den if den else 0.0
+
+
 class MemorySampler:
-    def __init__(self, pids: dict[str, int], period_s: float = 1.0) -> None:
-        self.pids, self.period_s = pids, period_s
+    """Samples each process's RSS (and, through ``done``, how many requests had finished) every
+    ``period_s``."""
+
+    def __init__(self, pids: dict[str, int], period_s: float = 1.0, done: Any = None) -> None:
+        self.pids, self.period_s, self.done = pids, period_s, done
         self.samples: list[dict[str, Any]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -164,6 +198,7 @@ class MemorySampler:
     def _run(self) -> None:
         while not self._stop.is_set():
             self.samples.append({"t_s": round(time.perf_counter() - self._t0, 2),
+                                 "requests_done": self.done() if self.done else None,
                                  **{k: _rss_kib(p) for k, p in self.pids.items()}})
             self._stop.wait(self.period_s)
 
@@ -175,30 +210,49 @@ class MemorySampler:
         self._thread.join()
 
     def report(self, name: str) -> dict[str, Any]:
-        pts = [(s["t_s"], s[name]) for s in self.samples if s.get(name)]
-        if len(pts) < 2:
+        pts = [(s["t_s"], s[name], s.get("requests_done")) for s in self.samples if s.get(name)]
+        if len(pts) < 4:
             return {}
-        ts, vs = [p[0] for p in pts], [p[1] for p in pts]
-        n, mt, mv = len(ts), statistics.fmean(ts), statistics.fmean(vs)
-        den = sum((t - mt) ** 2 for t in ts)
-        slope = sum((t - mt) * (v - mv) for t, v in zip(ts, vs)) / den if den else 0.0
+        vs = [p[1] for p in pts]
+        half = len(pts) // 2
+        halves = {}
+        for label, part in (("first_half", pts[:half + 1]), ("second_half", pts[half:])):
+            d = {"slope_mib_per_min": round(_slope([(t, v) for t, v, _ in part]) * 60 / 1024, 3),
+                 "growth_mib": round((part[-1][1] - part[0][1]) / 1024, 2)}
+            if part[0][2] is not None and part[-1][2] is not None and part[-1][2] > part[0][2]:
+                # Per finished request: growth against requests done, least squares (KiB/request).
+                d["kib_per_request"] = round(_slope([(r, v) for _, v, r in part]), 2)
+                d["requests"] = part[-1][2] - part[0][2]
+            halves[label] = d
         return {"start_mib": round(vs[0] / 1024, 1), "end_mib": round(vs[-1] / 1024, 1),
                 "max_mib": round(max(vs) / 1024, 1), "growth_mib": round((vs[-1] - vs[0]) / 1024, 2),
                 "growth_pct": round(100 * (vs[-1] - vs[0]) / vs[0], 2),
-                "slope_mib_per_min": round(slope * 60 / 1024, 3), "samples": n}
+                "slope_mib_per_min": round(_slope([(t, v) for t, v, _ in pts]) * 60 / 1024, 3),
+                "samples": len(pts), **halves}
 
 
 # ----- main ------------------------------------------------------------------------------------------
-def _memory_verdict(router: dict[str, Any], seconds: float) -> str:
-    """What the router's memory curve says, in one sentence (judged, not just printed)."""
+def memory_verdict(router: dict[str, Any], seconds: float) -> str:
+    """What the router's memory curve says, in one sentence (judged, not just printed).
+
+    ``flat``: grew <= 2 % over the window. ``plateau``: the second half's slope is below a quarter of
+    the first half's (the growth is settling). ``steady growth``: the second half grows at least 3/4 as
+    fast as the first (what a per-request leak looks like). Otherwise ``slowing``.
+    """
     if not router:
         return "- Router memory was not sampled (its process was not found)."
+    first, second = router.get("first_half", {}), router.get("second_half", {})
+    s1, s2 = first.get("slope_mib_per_min", 0.0), second.get("slope_mib_per_min", 0.0)
+    halves = (f"first half {s1} MiB/min ({first.get('kib_per_request', '?')} KiB/request), second half {s2} MiB/min "
+              f"({second.get('kib_per_request', '?')} KiB/request)")
     if router["growth_pct"] <= 2.0:
-        return f"- Verdict: no sign of a leak within {seconds:g} s (growth <= 2 %)."
-    return (f"- Verdict: **inconclusive** — the router grew {router['growth_pct']} % in {seconds:g} s, in steps "
-            "(see `memory_samples` in the JSON: flat stretches, then jumps, and one drop), which is also how "
-            "allocator arenas grow under hundreds of long-lived streams. Not shown leak-free: run "
-            "`--seconds 3600` on a quiet host and compare the slope of the last half hour with the first.")
+        return f"- Verdict: **flat** — no sign of a leak within {seconds:g} s (growth <= 2 %; {halves})."
+    if s1 > 0 and s2 < 0.25 * s1:
+        return f"- Verdict: **plateau** — growth settles: {halves}."
+    if s1 > 0 and s2 >= 0.75 * s1:
+        return (f"- Verdict: **steady growth** (leak-like) — {halves}. A longer run decides whether it ever "
+                "levels off.")
+    return f"- Verdict: **slowing** — {halves}; not settled within {seconds:g} s."
 
 
 def markdown(r: dict[str, Any]) -> str:
@@ -223,12 +277,21 @@ def markdown(r: dict[str, Any]) -> str:
         f"| **router replica RSS** start -> end (max) | {router.get('start_mib')} -> {router.get('end_mib')} MiB "
         f"({router.get('max_mib')}); **growth {router.get('growth_mib')} MiB ({router.get('growth_pct')} %)**, "
         f"slope {router.get('slope_mib_per_min')} MiB/min |",
+        f"| router RSS slope, first / second half of the window | {router.get('first_half', {}).get('slope_mib_per_min')} / "
+        f"{router.get('second_half', {}).get('slope_mib_per_min')} MiB/min ({router.get('first_half', {}).get('kib_per_request')} / "
+        f"{router.get('second_half', {}).get('kib_per_request')} KiB per request) |",
+        f"| Serve path | engine stream over {r['serve']['engine_transport']}"
+        f"{', proxy over gRPC' if r['serve']['proxy_grpc'] else ''}"
+        f"{', direct ingress (no proxy)' if r['serve'].get('direct_ingress') else ''}"
+        f"{', RAY_SERVE_THROUGHPUT_OPTIMIZED=1' if r['serve']['throughput_optimized'] else ''}"
+        f"{', MALLOC_ARENA_MAX=' + str(w['malloc_arena_max']) if w.get('malloc_arena_max') else ''} |",
     ]
     for name in ("proxy", "engine_replica"):
         x = m.get(name, {})
         if x:
             lines.append(f"| {name.replace('_', ' ')} RSS start -> end | {x['start_mib']} -> {x['end_mib']} MiB "
-                         f"(growth {x['growth_mib']} MiB) |")
+                         f"(growth {x['growth_mib']} MiB; slope first / second half "
+                         f"{x.get('first_half', {}).get('slope_mib_per_min')} / {x.get('second_half', {}).get('slope_mib_per_min')} MiB/min) |")
     if s["errors"]:
         lines.append(f"| errors | {json.dumps(s['errors'])} |")
     lines += ["", "## Reading these figures honestly", "", *r["notes"], ""]
@@ -243,9 +306,14 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=512)
     p.add_argument("--input-tokens", type=int, default=256)
     p.add_argument("--time-scale", type=float, default=1.0)
-    p.add_argument("--num-cpus", type=int, default=None)
+    p.add_argument("--malloc-arena-max", type=int, default=None,
+                   help="start Ray with MALLOC_ARENA_MAX=N (glibc arenas per process; tells allocator growth from a leak)")
+    add_serve_arguments(p)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "soak_router"))
     a = p.parse_args()
+    apply_serve_env(a)
+    if a.malloc_arena_max:
+        os.environ["MALLOC_ARENA_MAX"] = str(a.malloc_arena_max)
 
     import ray
 
@@ -254,16 +322,17 @@ def main() -> int:
     prompts = sample_prompts(64, a.input_tokens)
     tmp = Path(tempfile.mkdtemp(prefix="soak-router-"))
     with served_sim_table(config, work_dir=tmp, api_key=API_KEY, time_scale=a.time_scale,
-                          num_cpus=a.num_cpus, app_name=APP) as url:
+                          num_cpus=a.num_cpus, app_name=APP, engine_transport=a.engine_transport, direct_ingress=a.direct_ingress) as url:
         pids = find_pids()
         print("processes:", pids, flush=True)
         warm, warm_wall = asyncio.run(closed_loop(url, streams=a.streams, seconds=a.warmup_seconds,
                                                   max_tokens=a.max_tokens, prompts=prompts))
         print("warm-up:", json.dumps(summarize(warm, warm_wall)), flush=True)
-        sampler = MemorySampler(pids)
+        results: list[dict[str, Any]] = []
+        sampler = MemorySampler(pids, done=lambda: len(results))
         sampler.start()
         results, wall = asyncio.run(closed_loop(url, streams=a.streams, seconds=a.seconds,
-                                                max_tokens=a.max_tokens, prompts=prompts))
+                                                max_tokens=a.max_tokens, prompts=prompts, results=results))
         sampler.stop()
         soak = summarize(results, wall)
         print("soak:", json.dumps(soak), flush=True)
@@ -283,7 +352,7 @@ def main() -> int:
         f"{per_request_kib} KiB per request even if all of it were a leak. One run of {a.seconds:g} s bounds a leak "
         "only coarsely (allocator arenas and Ray's metric buffers settle over minutes); a slow leak would need a "
         "longer soak (`--seconds 3600`).",
-        _memory_verdict(router, a.seconds),
+        memory_verdict(router, a.seconds),
         f"- **CPU-bound**: the host has 2 cores shared by the load generator ({a.streams} streams in one Python process), the "
         "simulated engine, Ray (GCS, raylet, Serve controller, HTTP proxy, router and engine replicas) and, during this "
         "run, other jobs of this project (see the load averages). Latencies here are queueing for CPU, not the router's "
@@ -298,6 +367,7 @@ def main() -> int:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "processor": platform.processor(),
                     "gpu": "none"},
         "simulated": True,
+        "serve": serve_settings(a),
         "warmup": summarize(warm, warm_wall),
         "soak": soak,
         "memory": memory,
@@ -308,7 +378,7 @@ def main() -> int:
         "finished_at": utc_now_iso(),
         "notes": notes,
     }
-    out = Path(a.out)
+    out = Path(a.out_dir) / "soak_router" if a.out_dir else Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown(result))

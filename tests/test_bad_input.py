@@ -80,7 +80,7 @@ def router(tmp_path_factory):
     table_path = tmp / "routing.json"
     routing.commit(_table(), table_path)
     port = find_free_port()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port, "keep_alive_timeout_s": 5})
     try:
         deploy({"routing_table": str(table_path), "api_keys": [API_KEY], "sim_time_scale": 4.0,

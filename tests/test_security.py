@@ -65,7 +65,7 @@ def cluster(tmp_path_factory):
     table_path = tmp / "routing.json"
     routing.commit(_table(), table_path)
     port = find_free_port()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     # This cluster's own session folder: /tmp/ray/session_latest may be another test run's.
     session_dir = Path(ray._private.worker._global_node.get_session_dir_path())
     serve.start(http_options={"host": "127.0.0.1", "port": port})

@@ -89,7 +89,7 @@ def cluster(tmp_path_factory):
     table_path = tmp / "routing.json"
     routing.commit(_table(MTP3), table_path)
     port = find_free_port()
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     c = Cluster(f"http://127.0.0.1:{port}", table_path, tmp / "engine-logs")
     try:

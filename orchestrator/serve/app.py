@@ -25,7 +25,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -146,6 +146,11 @@ class RouterOptions(_Args):
     graceful_shutdown_timeout_s: float = Field(default=900.0, ge=0)
     status_refresh_s: float = Field(default=1.0, gt=0)
     max_surge_percent: int = Field(default=100, ge=0, le=100, description="new router replicas start before old ones stop")
+    engine_transport: Literal["grpc", "object_ref"] = Field(
+        default="grpc",
+        description="how engine streams reach the router: Serve's inter-deployment gRPC (default) or Ray "
+        "object references per chunk (Serve's own default); see orchestrator.serve.router.ENGINE_TRANSPORTS",
+    )
 
 
 class AppArgs(_Args):
@@ -226,6 +231,7 @@ def router_spec(args: AppArgs, table: RoutingTable) -> RouterSpec:
         body_timeout_s=args.body_timeout_s,
         default_max_tokens=args.default_max_tokens,
         status_refresh_s=args.router.status_refresh_s,
+        engine_transport=args.router.engine_transport,
     )
 
 

@@ -178,6 +178,11 @@ class EngineReplica:
         first body bytes, then the rest of the body as raw byte chunks, each as soon as it arrives
         (no buffering).
 
+        One item is *everything the engine had sent* when the generator resumed (``readany``): events
+        that arrived together travel as one handle item, so the per-item cost of Serve's stream (the
+        dominant per-token cost of the router path) is paid once for them; nothing ever waits for more
+        bytes to fill an item. Items are not aligned to SSE events; the router re-frames them.
+
         Raises :class:`EngineUnavailableError` before the first item when the engine can't be
         reached, so the router may retry another deployment without the client seeing anything.
         """

@@ -44,7 +44,7 @@ from orchestrator.serve.policy import NoHealthyDeploymentError, RouteDecision, c
 from orchestrator.serve.protocol import DEFAULT_MAX_BODY_BYTES, ApiError, ParsedRequest, parse_request
 from tuning.routing import RoutingTable, parse
 
-__all__ = ["DEFAULT_BODY_TIMEOUT_S", "Router", "RouterSpec", "api", "hash_api_key"]
+__all__ = ["DEFAULT_BODY_TIMEOUT_S", "ENGINE_TRANSPORTS", "Router", "RouterSpec", "api", "hash_api_key"]
 
 logger = logging.getLogger("ray.serve")
 
@@ -56,6 +56,21 @@ DEFAULT_BODY_TIMEOUT_S = 30.0
 """A request body must arrive within this long after its headers. Serve's proxy sets no such limit,
 so without it a client that declares a body and never sends it (slow loris) holds a router slot and
 a connection forever."""
+
+
+ENGINE_TRANSPORTS = frozenset({"grpc", "object_ref"})
+"""How a router replica receives an engine replica's stream (:class:`RouterSpec` ``engine_transport``):
+
+- ``grpc`` (default): the handle call goes over the engine replica's inter-deployment gRPC server
+  (``handle.options(_by_reference=False)``, Ray Serve >= 2.4x); each stream item is one gRPC message
+  on one call, pickled. Nothing is put in Ray's object store and the router's core worker keeps no
+  per-item object reference.
+- ``object_ref``: Ray's streaming generator (Serve's default): every stream item is a Ray object
+  owned by the router's core worker, i.e. one ObjectRef, an in-memory-store entry and reference
+  counting per streamed chunk.
+
+Either way Serve's handle picks the engine replica (power of two choices on ongoing requests) and
+counts the request in the replica's ongoing requests, so autoscaling and draining are unchanged."""
 
 
 def hash_api_key(key: str) -> str:
@@ -76,9 +91,12 @@ class RouterSpec:
     default_max_tokens: int | None = None
     status_refresh_s: float = 1.0
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    engine_transport: str = "grpc"
 
     def __post_init__(self) -> None:
         parse(self.table_json)  # raises RoutingTableError
+        if self.engine_transport not in ENGINE_TRANSPORTS:
+            raise ValueError(f"engine_transport must be one of {sorted(ENGINE_TRANSPORTS)}, not {self.engine_transport!r}")
         if not self.served_model_names:
             raise ValueError("served_model_names must name at least one model")
         if self.max_tokens_limit < 1 or self.max_body_bytes < 1 or self.status_refresh_s <= 0 or self.body_timeout_s <= 0:
@@ -94,6 +112,16 @@ class RouterSpec:
             if k in d:
                 d[k] = tuple(d[k])
         return cls(**d)
+
+
+def _stream_handle(handle: Any, transport: str) -> Any:
+    """The streaming handle the router calls an engine deployment with (see :data:`ENGINE_TRANSPORTS`)."""
+    if transport == "grpc":
+        # Items are bytes and one small dict of primitives: plain pickle is enough and cheaper than
+        # cloudpickle per item (errors raised by the replica are picklable classes of ours).
+        return handle.options(stream=True, _by_reference=False,
+                              request_serialization="pickle", response_serialization="pickle")
+    return handle.options(stream=True, _by_reference=True)
 
 
 def _error_response(e: ApiError) -> JSONResponse:
@@ -129,7 +157,7 @@ class Router:
         if self.spec.default_max_tokens is not None:
             table = table.model_copy(update={"default_max_tokens": self.spec.default_max_tokens})
         self.table: RoutingTable = table
-        self._streams = {name: h.options(stream=True) for name, h in engines.items()}
+        self._streams = {name: _stream_handle(h, self.spec.engine_transport) for name, h in engines.items()}
         self._names = frozenset(self.spec.served_model_names)
         self._key_hashes = tuple(bytes.fromhex(h) for h in self.spec.api_key_sha256)
         self._in_flight: collections.Counter[str] = collections.Counter()
