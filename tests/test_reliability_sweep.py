@@ -90,7 +90,7 @@ def wait_no_engines(folder: Path, timeout_s: float = 30.0) -> dict[int, str]:
 def ray_local():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     yield ray
     ray.shutdown()
 

@@ -903,7 +903,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.address:
             ray.init(address=args.address, log_to_driver=False)
         else:
-            ray.init(num_cpus=args.num_cpus or os.cpu_count() or 2, include_dashboard=False, log_to_driver=False,
+            ray.init(address="local", num_cpus=args.num_cpus or os.cpu_count() or 2, include_dashboard=False, log_to_driver=False,
                      configure_logging=True, logging_level=logging.WARNING)
     cluster = ray.cluster_resources()
     try:

@@ -63,16 +63,24 @@ def log(msg: str) -> None:
 
 def run(cmd: Sequence[str], *, timeout: float, env: dict[str, str] | None = None, check: bool = True,
         log_to: Path | None = None) -> subprocess.CompletedProcess:
+    """Run ``cmd``; its output goes to ``log_to`` as it comes (what a killed command printed survives),
+    its tail to our stdout. On timeout the command is killed and returns code -9."""
     log("$ " + " ".join(cmd))
-    out = subprocess.run(list(cmd), env=env, timeout=timeout, text=True, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT)
-    if log_to is not None:
-        log_to.write_text(out.stdout)
-    tail = "\n".join(out.stdout.splitlines()[-25:])
-    print(tail, flush=True)
-    if check and out.returncode != 0:
-        raise RuntimeError(f"{cmd[:4]} exited {out.returncode}")
-    return out
+    log_to = log_to or Path(f"/tmp/e2e-cmd-{os.getpid()}.log")
+    with open(log_to, "w") as f:
+        proc = subprocess.Popen(list(cmd), env=env, text=True, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            log(f"timed out after {timeout:.0f} s; killing {cmd[:4]}")
+            os.killpg(proc.pid, 9)
+            rc = proc.wait()
+    text = log_to.read_text(errors="replace")
+    print("\n".join(ln for ln in text.splitlines()[-25:] if not ln.startswith("20")), flush=True)
+    if check and rc != 0:
+        raise RuntimeError(f"{cmd[:4]} exited {rc}")
+    return subprocess.CompletedProcess(list(cmd), rc, stdout=text)
 
 
 def ray_cli(*args: str) -> list[str]:
@@ -202,19 +210,24 @@ def _num(v: Any) -> float | None:
 
 
 def phase_sweep(a: argparse.Namespace) -> dict[str, Any]:
+    """The one-GPU sweep; ``--resume`` continues one a call's time limit cut short (``tuning.sweep
+    --resume``: no finished trial is re-run)."""
     run_dir = Path(a.work) / "sweep-1gpu"
-    shutil.rmtree(run_dir, ignore_errors=True)
+    if a.resume:
+        cmd = [sys.executable, "-m", "tuning.sweep", "--resume", str(run_dir), "--address", "auto", "--no-live",
+               "--num-trials", str(a.num_trials), "--time-budget-s", str(a.time_budget_s)]
+    else:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        cmd = sweep_cmd(a, run_dir, sweep_id="e2e-1gpu", num_trials=a.num_trials, share=True,
+                        time_budget_s=a.time_budget_s)
     gpus = [int(g) for g in a.gpus.split(",")][:1]
     with ray_cluster(gpus, sim=a.sim, num_cpus=a.num_cpus):
         t = time.monotonic()
-        proc = run(sweep_cmd(a, run_dir, sweep_id="e2e-1gpu", num_trials=a.num_trials, share=True,
-                             time_budget_s=a.time_budget_s), timeout=a.deadline_s, check=False,
-                   log_to=Path(a.out) / "sweep_1gpu.log")
+        proc = run(cmd, timeout=a.deadline_s, check=False, log_to=Path(a.out) / "sweep_1gpu.log")
         wall = time.monotonic() - t
-    out = {"phase": "sweep", "gpus": gpus, "rc": proc.returncode, "wall_s": round(wall, 1),
-           "command": " ".join(sweep_cmd(a, run_dir, sweep_id="e2e-1gpu", num_trials=a.num_trials, share=True,
-                                         time_budget_s=a.time_budget_s)),
-           **summarize_run(run_dir)}
+    out = {"phase": "sweep", "gpus": gpus, "rc": proc.returncode, "wall_s": round(wall, 1), "command": " ".join(cmd)}
+    if (run_dir / "results.csv").exists():
+        out.update(summarize_run(run_dir))
     pack(run_dir, Path(a.out) / "sweep_1gpu_run.tgz")
     return out
 
@@ -376,6 +389,14 @@ async def _closed_loop(url: str, model: str, reqs: list[tuple[str, int]], concur
             "wall_s": round(wall, 2), "output_throughput": round(tokens / wall, 1) if wall > 0 else None}
 
 
+def warm_up(reqs: list[tuple[str, int]], concurrency: int) -> None:
+    """One short batch per deployed engine before anything is measured (a fresh engine's first
+    batches pay one-time set-up): the first ``concurrency`` requests of every length, 16 tokens each."""
+    by_len = sorted(reqs, key=lambda r: r[1])
+    picks = by_len[:concurrency] + by_len[len(by_len) // 2:][:concurrency] + by_len[-concurrency:]
+    mixed_run([(p, 16) for p, _ in picks], concurrency)
+
+
 def mixed_run(reqs: list[tuple[str, int]], concurrency: int) -> dict[str, Any]:
     client = openai_client()
     model = client.models.list().data[0].id
@@ -468,6 +489,7 @@ def phase_serve(a: argparse.Namespace) -> dict[str, Any]:
         out["deploy_tuned"] = deploy(table_path, a, share=share)
         if out["deploy_tuned"]["rc"] != 0:
             return out
+        warm_up(reqs, a.concurrency)
         out["routing"] = routing_check(table, backend)
         out["prometheus"] = prometheus_check()
         # Router vs straight to the engine: the longest bucket's workload at the sweep's concurrency.
@@ -493,20 +515,21 @@ def phase_serve(a: argparse.Namespace) -> dict[str, Any]:
         if cfg is None:
             return out
         st_path = static_table(table, cfg, Path(a.work) / "static_table.json")
-        out["deploy_static_1"] = deploy(st_path, a, share=share)
-        if out["deploy_static_1"]["rc"] == 0:
-            out["mixed_static_1"] = mixed_run(reqs, a.concurrency)
-            log(f"static x1: {out['mixed_static_1']}")
-            serve_delete()
-        if n_engines > 1 and time.monotonic() - T0 < a.deadline_s - 200:
-            out["deploy_static_n"] = deploy(st_path, a, share=share, scale=f"default={n_engines}")
-            if out["deploy_static_n"]["rc"] == 0:
-                out["mixed_static_n"] = mixed_run(reqs, a.concurrency)
-                log(f"static x{n_engines}: {out['mixed_static_n']}")
+        # The fair comparison first: the best single config on as many engines as the tuned table
+        # had (same GPU share, same engine count), then the same config as one engine.
+        for name, scale in ((f"static_{n_engines}", f"default={n_engines}" if n_engines > 1 else None),
+                            ("static_1", None)):
+            if name in out or time.monotonic() - T0 > a.deadline_s - 150:
+                continue
+            out[f"deploy_{name}"] = deploy(st_path, a, share=share, scale=scale)
+            if out[f"deploy_{name}"]["rc"] == 0:
+                warm_up(reqs, a.concurrency)
+                out[f"mixed_{name}"] = mixed_run(reqs, a.concurrency)
+                log(f"{name}: {out[f'mixed_{name}']}")
                 serve_delete()
     tuned = out["mixed_tuned"]["output_throughput"]
-    for k in ("mixed_static_1", "mixed_static_n"):
-        if out.get(k, {}).get("output_throughput"):
+    for k in [k for k in out if k.startswith("mixed_static_")]:
+        if out[k].get("output_throughput"):
             out[f"ratio_tuned_vs_{k[6:]}"] = round(tuned / out[k]["output_throughput"], 3)
     return out
 
@@ -567,6 +590,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--work", default="/root/e2e", help="state kept between phases (same machine)")
     p.add_argument("--gpus", default="0")
     p.add_argument("--sim", action="store_true", help="dry run on the simulated engine (no GPU)")
+    p.add_argument("--resume", action="store_true", help="sweep: continue the sweep in --work (after a cut-off call)")
     p.add_argument("--buckets", default="256,1024,2048")
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--num-prompts", type=int, default=128)
