@@ -1180,14 +1180,17 @@ class _ProbeHooks(_Hooks):
         self.events.setdefault(state.index, []).append((t, n))
 
 
+PROBE_MIN_TOKENS = 96
+"""The occupancy probe's shortest request: long enough that every probe request is decoding at once
+for a while after the prefills (the full-occupancy level must be seen)."""
 PROBE_SPAN_TOKENS = 768
-"""The occupancy probe's longest request is this many tokens longer than its shortest (16)."""
+"""The occupancy probe's longest request is this many tokens longer than its shortest."""
 
 
 def occupancy_probe_lengths(concurrency: int, max_output_len: int) -> list[int]:
     """Output lengths of the occupancy probe's ``concurrency`` requests: staggered evenly so the
     running sequences fall from ``concurrency`` to 1 one at a time, a few steps per level. Pure."""
-    lo = min(16, max_output_len)
+    lo = min(PROBE_MIN_TOKENS, max_output_len)
     span = max(0, min(PROBE_SPAN_TOKENS, max_output_len - lo))
     if concurrency <= 1:
         return [lo + span]
