@@ -43,7 +43,17 @@ def main() -> int:
     ap.add_argument("--configs", default="0,3", help="draft tokens per config (0 = MTP off)")
     ap.add_argument("--tolerance", type=float, default=0.03)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "early_stop_agreement"))
+    ap.add_argument("--append", action="store_true",
+                    help="add this run's rows to those already in OUT.json (each row keeps its prompt count; "
+                         "every command is recorded)")
     args = ap.parse_args()
+    out = Path(args.out)
+    prior_rows: list[dict] = []
+    prior_meta: dict = {}
+    if args.append and out.with_suffix(".json").exists():
+        prior = json.loads(out.with_suffix(".json").read_text())
+        prior_meta = prior["meta"]
+        prior_rows = [{"num_prompts": prior_meta.get("num_prompts"), **r} for r in prior["rows"]]
     buckets = make_buckets([int(b) for b in args.buckets.split(",")], num_prompts=args.num_prompts)
     rule = SteadyStateRule(rel_tolerance=0.02)
     rows = []
@@ -63,7 +73,7 @@ def main() -> int:
                 model = simulate_workload(PROFILE, num_draft_tokens=drafts, memory_fraction=0.8, max_batch_size=128,
                                           output_len=b.max_output_len, num_prompts=args.num_prompts, concurrency=64)
                 diff = early.output_throughput / full.output_throughput - 1.0
-                row = {"config": cfg.label(), "bucket": b.name, "early_output_throughput": early.output_throughput,
+                row = {"config": cfg.label(), "bucket": b.name, "num_prompts": args.num_prompts, "early_output_throughput": early.output_throughput,
                        "full_output_throughput": full.output_throughput, "rel_diff": diff,
                        "early_stopped": early.early_stopped, "early_completed": early.completed,
                        "early_cancelled": early.cancelled, "full_completed": full.completed,
@@ -77,6 +87,7 @@ def main() -> int:
                 print(f"{row['config']:32s} {b.name:8s} early {early.output_throughput:9.0f} full "
                       f"{full.output_throughput:9.0f} diff {diff * 100:+.2f}% stopped={early.early_stopped} "
                       f"model {model.output_throughput:9.0f} wall {t1 - t0:.0f}s/{t2 - t1:.0f}s", flush=True)
+    rows = prior_rows + rows
     stopped = [r for r in rows if r["early_stopped"]]
     # The claim is about early-stopped runs; a run the rule never stopped is a full run twice, and
     # any difference there is measurement noise (e.g. the simulator falling behind its time scale
@@ -86,33 +97,37 @@ def main() -> int:
     ok = bool(stopped) and worst <= args.tolerance
     meta = {"not_stopped": [f"{r['config']} {r['bucket']}" for r in rows if not r["early_stopped"]],
             "command": " ".join([sys.executable.rsplit('/', 1)[-1], *sys.argv]),
+            "commands": [*prior_meta.get("commands", [prior_meta["command"]] if prior_meta else []),
+                         " ".join([sys.executable.rsplit('/', 1)[-1], *sys.argv])],
             "versions": {p: _ver(p) for p in ("ray", "optuna", "aiohttp")}, "python": platform.python_version(),
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
             "time_scale": args.time_scale, "num_prompts": args.num_prompts, "concurrency": 64,
             "rule": {"rel_tolerance": rule.rel_tolerance, "window_s": rule.window_s, "min_windows": rule.min_windows,
                      "drain_tolerance": rule.drain_tolerance, "confidence": rule.confidence},
             "loadavg_before": load_before, "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+            "loadavg": [*prior_meta.get("loadavg", [[prior_meta.get("loadavg_before"), prior_meta.get("loadavg_after")]]
+                                           if prior_meta else []),
+                        [load_before, [round(x, 2) for x in os.getloadavg()]]],
             "tolerance": args.tolerance, "early_stopped_runs": len(stopped), "runs": len(rows),
             "worst_abs_rel_diff_early_stopped": worst, "worst_abs_rel_diff_not_stopped": noise, "agrees": ok,
-            "wall_s": time.time() - t_start, "simulated": True}
-    out = Path(args.out)
+            "wall_s": time.time() - t_start + float(prior_meta.get("wall_s", 0.0)), "simulated": True}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     md = [f"# Early-stopped vs run-to-completion output throughput (SIMULATED engine, profile {PROFILE})", "",
-          f"Command: `{meta['command']}`  ", f"Machine: {meta['machine']}; Python {meta['python']}; "
+          *[f"Command: `{c}`  " for c in meta["commands"]], f"Machine: {meta['machine']}; Python {meta['python']}; "
           f"versions {meta['versions']}  ",
-          f"Workload: random, input 1024, range ratio 0.5, concurrency 64, {args.num_prompts} prompts, "
+          "Workload: random, input 1024, range ratio 0.5, concurrency 64, prompts per row in the table, "
           f"temperature 0; sim time scale {args.time_scale}; rule ±{rule.rel_tolerance:.0%} "
           f"(window {rule.window_s} s, ≥{rule.min_windows} windows), full-run prediction within "
           f"±{rule.drain_tolerance:.0%} (measured step-time model of the drain; bounds at the rule's confidence). "
-          f"Load average before the run: {meta['loadavg_before']}, after: {meta['loadavg_after']} "
-          "(the machine is shared).", "",
-          "| config | bucket | stopped early | early tok/s [bounds] | full-run tok/s | diff | completed+cancelled | early / full sim-s | early / full wall-s | pure model tok/s |",
-          "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+          f"Load averages (1/5/15 min) before and after each command: {meta['loadavg']} "
+          "(the machine is shared with other jobs: wall times are not comparable between rows).", "",
+          "| config | bucket | prompts | stopped early | early tok/s [bounds] | full-run tok/s | diff | completed+cancelled | early / full sim-s | early / full wall-s | pure model tok/s |",
+          "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lo, hi = r["full_run_bounds"]
         bounds = f" [{lo:.0f}, {hi:.0f}]" if lo is not None and hi is not None else ""
-        md.append(f"| {r['config']} | {r['bucket']} | {'yes' if r['early_stopped'] else 'no'} | "
+        md.append(f"| {r['config']} | {r['bucket']} | {r['num_prompts']} | {'yes' if r['early_stopped'] else 'no'} | "
                   f"{r['early_output_throughput']:.0f}{bounds} | {r['full_output_throughput']:.0f} | "
                   f"{r['rel_diff'] * 100:+.2f}% | {r['early_completed']}+{r['early_cancelled']} | "
                   f"{r['early_sim_s']:.0f} / {r['full_sim_s']:.0f} | {r['early_wall_s']:.0f} / {r['full_wall_s']:.0f} | "

@@ -452,7 +452,7 @@ def test_early_stop_agrees_with_full_run(tmp_path_factory):
     w = Workload(input_len=256, output_len=512, range_ratio=0.5, num_prompts=256, max_concurrency=8, seed=4)
     # Short outputs at concurrency 8: frequent prefills make the step-time fit less certain than at
     # the sweep's concurrency 64 (the bounds come out ~1% wide), so the drain tolerance is 2% here.
-    rule = SteadyStateRule(rel_tolerance=0.05, window_s=1.0, min_windows=8, drain_tolerance=0.02)
+    rule = SteadyStateRule(rel_tolerance=0.02, window_s=1.0, min_windows=8, drain_tolerance=0.02)
     with _engine(tmp_path_factory, time_scale=10) as engine:
         full = benchmark(engine.base_url, w, engine_config=MTP)
         early = benchmark(engine.base_url, w, engine_config=MTP, steady_state=rule)
@@ -461,7 +461,7 @@ def test_early_stop_agrees_with_full_run(tmp_path_factory):
     assert early.completed + early.cancelled + early.failed == 256 and early.failed == 0
     assert early.duration_s < full.duration_s
     ss = early.steady_state
-    assert ss["rel_half_width"] <= 0.05 and ss["batches"] >= 8
+    assert ss["rel_half_width"] <= 0.02 and ss["batches"] >= 8
     assert ss["full_run_low"] <= early.output_throughput <= ss["full_run_high"]
     assert (ss["full_run_high"] - ss["full_run_low"]) / early.output_throughput <= 2 * rule.drain_tolerance + 1e-9
     assert ss["drain_model"] is not None  # the occupancy probe ran and the step-time model was fitted

@@ -32,14 +32,28 @@ waiting for a slot) the client counts
 output tokens per fixed window and computes a batch-means confidence interval of the throughput.
 Once its half-width is within ``rel_tolerance`` of the mean (and ``min_windows`` windows are in, and
 the two halves of the windows agree, so the rate is not still drifting) *and* the rest of the run is
-predictable — the final drain, when fewer than ``concurrency`` sequences are left, runs at a speed
-between the steady-state per-sequence rate and the whole steady-state throughput, and those two
-bounds on the full run's throughput must be within ``drain_tolerance`` (±1%) of their midpoint
-(:func:`full_run_throughput_bounds`; remaining work is known exactly with ``ignore_eos``) —
-outstanding requests are cancelled (counted as ``cancelled``, not failed) and ``output_throughput``
-is that midpoint: the **output throughput of the whole run**, within the statistical tolerance plus
-the drain tolerance. The drain condition means runs of few waves (where the drain is a large share)
-go to completion; long buckets with many prompts stop early. Other figures then come from what was observed until the stop: latency
+predictable, outstanding requests are cancelled (counted as ``cancelled``, not failed) and
+``output_throughput`` is the predicted **output throughput of the whole run**.
+
+Predicting the rest: until the last request starts, the closed loop goes on at the steady-state
+rate; then comes the final drain, where occupancy falls from ``concurrency`` to 0 and every
+sequence speeds up because each decode step has fewer sequences to serve. The drain is predicted
+step by step with a :class:`StepTimeModel` measured from the stream alone: step time against
+running sequences from an *occupancy probe* sent before the measured run (``concurrency`` short
+requests of staggered lengths, so occupancy falls one sequence at a time; a MoE engine's curve is
+strongly concave, so it is used as measured), step time against context from the run's own windows
+(mean gap between a request's chunks ~ one step; prefills enter as a count), and tokens per step
+by output position (speculative decoding accepts more late in an output). With ``ignore_eos`` the
+remaining work is known exactly. The prediction is made at ``z`` standard errors of the model's step
+times either way (``z`` from ``confidence``); the run stops only when those two full-run figures are
+within ``drain_tolerance`` (±1%) of their midpoint (:func:`full_run_throughput_bounds`), which is
+reported. Without a probe (it failed, or saw too few occupancy levels) the bounds are model-free
+(drain between the steady per-sequence rate and the whole steady throughput) and too wide to stop
+unless the drain is a tiny share of the run. The early-stopped figure is thus the full run's within
+the statistical tolerance plus the drain tolerance, plus the step-time model's form error (measured
+in ``benchmarks/results/early_stop_agreement.md``). The rule needs at least one full turnover and
+``min_windows`` windows of steady state, so it saves time only on runs of several turnovers; shorter
+runs go to completion. Other figures then come from what was observed until the stop: latency
 statistics of completed requests, plus TTFT/ITL/TPOT of the cancelled requests' received part (so
 long requests are not left out of the per-token figures); request/input throughput are completed
 requests over the shortened duration. ``steady_state`` in the result records the estimate either way.
@@ -83,9 +97,16 @@ __all__ = [
     "ServerUnreachableError",
     "SteadyStateEstimate",
     "SteadyStateRule",
+    "StepTimeModel",
     "accept_length_from_counters",
     "benchmark",
     "compute_latency_stats",
+    "fit_occupancy_curve",
+    "fit_step_model",
+    "full_run_throughput_bounds",
+    "occupancy_probe_lengths",
+    "predict_drain_end",
+    "predict_full_run_end",
     "main",
     "parse_spec_counters",
     "run_benchmark",
@@ -188,8 +209,9 @@ class SteadyStateRule:
         min_windows: never stop on fewer windows; also the least number of batches the interval
             is computed over (see :meth:`_SteadyStateTracker.estimate`).
         confidence: of the two-sided Student-t interval over the window means.
-        drain_tolerance: stop only once the unknown speed of the final drain moves the full run's
-            throughput by at most this share either way (see :func:`full_run_throughput_bounds`).
+        drain_tolerance: stop only once the full run's predicted throughput (drain included, at
+            ``confidence`` bounds of the measured step-time model) is known within this share
+            either way (see :func:`full_run_throughput_bounds`).
     """
 
     rel_tolerance: float = 0.02
@@ -1073,6 +1095,7 @@ class _RunHooks(_Hooks):
         self.finished = 0
         self.latest = -math.inf  # newest token time seen
         self.stats: _StreamStats | None = None
+        self.seen_token = False
 
     def on_slot(self, state: _RequestState) -> None:
         self.started += 1
@@ -1083,6 +1106,9 @@ class _RunHooks(_Hooks):
             self.tracker.add_tokens(t, n)
 
     def on_first_token(self, state: _RequestState, t: float) -> None:
+        if self.tracker is not None and not self.seen_token and state.started_at is not None:
+            self.tracker.t0 = state.started_at  # the token clock's run start (SimClock may lag the wall)
+        self.seen_token = True
         if self.stats is not None:
             self.stats.on_first_token(state.spec.prompt_len, t)
 
@@ -1108,7 +1134,7 @@ class _StreamStats:
     sequences and their total context at each chunk, the prompt tokens prefilled; per output-position
     bin the tokens per chunk. Times are the caller's (wall or sim-mapped) seconds."""
 
-    def __init__(self, t0: float, bin_s: float, position_bin: float, n_position_bins: int = 32) -> None:
+    def __init__(self, t0: float | None, bin_s: float, position_bin: float, n_position_bins: int = 32) -> None:
         self.t0 = t0
         self.bin_s = bin_s
         self.position_bin = max(1.0, position_bin)
@@ -1119,6 +1145,8 @@ class _StreamStats:
         self.pos_chunks = [0.0] * n_position_bins
 
     def _bin(self, t: float) -> list[float]:
+        if self.t0 is None:
+            self.t0 = t  # bins start at the first token: token clocks (SimClock) can lag the wall clock
         i = max(0, int((t - self.t0) / self.bin_s))
         while len(self.bins) <= i:
             self.bins.append([0.0, 0.0, 0.0, 0.0, 0.0])
@@ -1149,6 +1177,8 @@ class _StreamStats:
         """Complete bins with (nearly) every slot decoding: ``(mean gap, mean context, prefills per
         step, chunks)``. A prefill costs a step much more than its share of tokens (a prefill reads
         all the weights), so it enters as a count: requests whose first token came in the bin."""
+        if self.t0 is None:
+            return []
         done = int((now - self.t0) / self.bin_s)
         out = []
         for gap, chunks, ctx, run, prefill in self.bins[:done]:
@@ -1389,7 +1419,7 @@ async def _dispatch_all(
     total = len(specs)
     hooks = _RunHooks(total, concurrency, tracker)
     if tracker is not None:
-        hooks.stats = _StreamStats(tracker.t0, tracker.window_wall_s / 2,
+        hooks.stats = _StreamStats(None, tracker.window_wall_s / 2,
                                    max(s.output_len for s in specs) / 32 if specs else 1.0)
     sem = asyncio.Semaphore(concurrency) if concurrency is not None else None
     states = [_RequestState(i, s) for i, s in enumerate(specs)]
