@@ -142,6 +142,14 @@ def main() -> int:
         verdict += f" Not stopped early (ran to completion): {', '.join(not_stopped)}."
     md += ["", verdict, "", f"Runs not stopped early (both runs went to completion) differ by up to "
            f"{noise * 100:.2f}%: that is measurement noise of the HTTP simulator on this machine, not early stopping."]
+    md += ["", "Reading the table: the bracketed bounds are the *drain* part of the prediction only (the full run's "
+           "throughput at ±z standard errors of the measured step-time model, given the steady-state rate); the "
+           "steady-state rate itself is known to ±2% (95% batch-means interval), so an early-stopped figure may "
+           "differ from the full run by up to about ±3% in all. A row that did not stop ran to completion because "
+           "its steady-state interval was not within ±2% before the last request started (too few steady windows "
+           "for that many prompts) — the rule then falls back to the full measurement. The sim-s columns show "
+           "the simulated time each run took, i.e. what stopping early saved; wall-s depend on the shared "
+           "machine's load."]
     out.with_suffix(".md").write_text("\n".join(md) + "\n")
     print(f"{verdict}; wrote {out}.json/.md")
     return 0 if ok else 1
