@@ -1328,7 +1328,9 @@ async def run_benchmark(
         if workload.warmup_requests:
             await _warm_up(session, url, workload, model_name, specs, counter, req_timeout)
         occupancy = None
-        if steady_state is not None and concurrency and len(specs) > concurrency:
+        # The probe only matters where the rule can stop: with at most two turnovers of prompts the
+        # queue is empty by the time the first turnover is done, so there is no steady state.
+        if steady_state is not None and concurrency and len(specs) > 2 * concurrency:
             occupancy = await _probe_occupancy(session, url, workload, model_name, specs, counter, req_timeout,
                                                info.sim_clock, concurrency)
 
