@@ -32,14 +32,28 @@ waiting for a slot) the client counts
 output tokens per fixed window and computes a batch-means confidence interval of the throughput.
 Once its half-width is within ``rel_tolerance`` of the mean (and ``min_windows`` windows are in, and
 the two halves of the windows agree, so the rate is not still drifting) *and* the rest of the run is
-predictable — the final drain, when fewer than ``concurrency`` sequences are left, runs at a speed
-between the steady-state per-sequence rate and the whole steady-state throughput, and those two
-bounds on the full run's throughput must be within ``drain_tolerance`` (±1%) of their midpoint
-(:func:`full_run_throughput_bounds`; remaining work is known exactly with ``ignore_eos``) —
-outstanding requests are cancelled (counted as ``cancelled``, not failed) and ``output_throughput``
-is that midpoint: the **output throughput of the whole run**, within the statistical tolerance plus
-the drain tolerance. The drain condition means runs of few waves (where the drain is a large share)
-go to completion; long buckets with many prompts stop early. Other figures then come from what was observed until the stop: latency
+predictable, outstanding requests are cancelled (counted as ``cancelled``, not failed) and
+``output_throughput`` is the predicted **output throughput of the whole run**.
+
+Predicting the rest: until the last request starts, the closed loop goes on at the steady-state
+rate; then comes the final drain, where occupancy falls from ``concurrency`` to 0 and every
+sequence speeds up because each decode step has fewer sequences to serve. The drain is predicted
+step by step with a :class:`StepTimeModel` measured from the stream alone: step time against
+running sequences from an *occupancy probe* sent before the measured run (``concurrency`` short
+requests of staggered lengths, so occupancy falls one sequence at a time; a MoE engine's curve is
+strongly concave, so it is used as measured), step time against context from the run's own windows
+(mean gap between a request's chunks ~ one step; prefills enter as a count), and tokens per step
+by output position (speculative decoding accepts more late in an output). With ``ignore_eos`` the
+remaining work is known exactly. The prediction is made at ``z`` standard errors of the model's step
+times either way (``z`` from ``confidence``); the run stops only when those two full-run figures are
+within ``drain_tolerance`` (±1%) of their midpoint (:func:`full_run_throughput_bounds`), which is
+reported. Without a probe (it failed, or saw too few occupancy levels) the bounds are model-free
+(drain between the steady per-sequence rate and the whole steady throughput) and too wide to stop
+unless the drain is a tiny share of the run. The early-stopped figure is thus the full run's within
+the statistical tolerance plus the drain tolerance, plus the step-time model's form error (measured
+in ``benchmarks/results/early_stop_agreement.md``). The rule needs at least one full turnover and
+``min_windows`` windows of steady state, so it saves time only on runs of several turnovers; shorter
+runs go to completion. Other figures then come from what was observed until the stop: latency
 statistics of completed requests, plus TTFT/ITL/TPOT of the cancelled requests' received part (so
 long requests are not left out of the per-token figures); request/input throughput are completed
 requests over the shortened duration. ``steady_state`` in the result records the estimate either way.
@@ -83,9 +97,16 @@ __all__ = [
     "ServerUnreachableError",
     "SteadyStateEstimate",
     "SteadyStateRule",
+    "StepTimeModel",
     "accept_length_from_counters",
     "benchmark",
     "compute_latency_stats",
+    "fit_occupancy_curve",
+    "fit_step_model",
+    "full_run_throughput_bounds",
+    "occupancy_probe_lengths",
+    "predict_drain_end",
+    "predict_full_run_end",
     "main",
     "parse_spec_counters",
     "run_benchmark",
@@ -188,8 +209,9 @@ class SteadyStateRule:
         min_windows: never stop on fewer windows; also the least number of batches the interval
             is computed over (see :meth:`_SteadyStateTracker.estimate`).
         confidence: of the two-sided Student-t interval over the window means.
-        drain_tolerance: stop only once the unknown speed of the final drain moves the full run's
-            throughput by at most this share either way (see :func:`full_run_throughput_bounds`).
+        drain_tolerance: stop only once the full run's predicted throughput (drain included, at
+            ``confidence`` bounds of the measured step-time model) is known within this share
+            either way (see :func:`full_run_throughput_bounds`).
     """
 
     rel_tolerance: float = 0.02
@@ -229,12 +251,14 @@ class SteadyStateEstimate:
     full_run_high: float | None = None
     """Bounds on the output throughput the whole run would have had (:func:`full_run_throughput_bounds`),
     set when the rule stopped the run; the reported figure is their midpoint."""
+    drain_model: dict | None = None
+    """The measured :class:`StepTimeModel` the bounds were computed with (``None``: model-free bounds)."""
 
     @property
     def rel_half_width(self) -> float:
         return self.half_width / self.throughput if self.throughput > 0 else math.inf
 
-    def to_dict(self) -> dict[str, float]:
+    def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["rel_half_width"] = self.rel_half_width
         return out
@@ -266,6 +290,239 @@ def predict_full_run_end(
     return end
 
 
+@dataclass(frozen=True)
+class StepTimeModel:
+    """Measured decode-step time of the engine, from the observed stream only (no engine internals).
+
+    ``step(k, C) = alpha + gamma * C - (f(c) - f(k))``: seconds per decode step with ``k`` sequences
+    running and ``C`` tokens of context among them, ``c`` the benchmark's concurrency.
+
+    - ``alpha``, ``gamma`` (and a prefill term, not used in the drain) are fitted by least squares over
+      windows of the measured run itself while ``c`` sequences run (the first wave's growing contexts
+      and the steady state's turnover give ``C`` its range): mean inter-chunk gap ~ step time.
+    - ``f(k)`` is the measured step time at ``k`` running sequences from the occupancy probe (``c``
+      short requests of staggered lengths sent before measuring, so occupancy falls from ``c`` to 1
+      the way it does in a drain), corrected to common context with ``gamma``; made non-decreasing in
+      ``k`` (more sequences never make a step faster). MoE engines have a strongly concave ``f``
+      (experts' weights are shared), so it is used as measured, not as a straight line.
+    - ``tokens_per_step`` by output position (speculative decoding accepts more late in an output).
+
+    Each part carries its standard error; :meth:`step` with ``z`` gives the bounds the rule uses.
+    """
+
+    concurrency: int
+    alpha: float
+    gamma: float
+    cov: tuple[tuple[float, float], tuple[float, float]]
+    """Covariance of (alpha, gamma)."""
+    occupancy_step: tuple[float, ...]
+    """f(k) for k = 1..concurrency (seconds, context-corrected, non-decreasing)."""
+    occupancy_se: tuple[float, ...]
+    position_bin: float
+    tokens_per_step: tuple[float, ...]
+    """Mean tokens per chunk by output-position bin of width ``position_bin``."""
+
+    def step(self, k: int, context: float, z: float = 0.0) -> float:
+        """Step time with ``k`` running sequences and ``context`` tokens among them; ``z`` standard
+        errors above (``z > 0``) or below the estimate."""
+        c = self.concurrency
+        k = max(1, min(int(k), c))
+        (vaa, vag), (_, vgg) = self.cov
+        var_fit = max(0.0, vaa + 2 * context * vag + context * context * vgg)
+        var_occ = self.occupancy_se[k - 1] ** 2 + self.occupancy_se[c - 1] ** 2 if k < c else 0.0
+        s = self.alpha + self.gamma * context - (self.occupancy_step[c - 1] - self.occupancy_step[k - 1])
+        s += z * math.sqrt(var_fit + var_occ)
+        return max(s, 0.25 * self.occupancy_step[0], 1e-9)
+
+    def tokens_at(self, position: float) -> float:
+        i = min(max(int(position / self.position_bin), 0), len(self.tokens_per_step) - 1)
+        return self.tokens_per_step[i]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"alpha": self.alpha, "gamma": self.gamma,
+                "f_1": self.occupancy_step[0], "f_c": self.occupancy_step[-1],
+                "tokens_per_step_first": self.tokens_per_step[0], "tokens_per_step_last": self.tokens_per_step[-1]}
+
+
+def _isotonic(values: Sequence[float], weights: Sequence[float]) -> list[float]:
+    """Non-decreasing least-squares fit (pool adjacent violators). Pure."""
+    blocks: list[list[float]] = []  # [value, weight, count]
+    for v, w in zip(values, weights):
+        blocks.append([float(v), float(w), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            v2, w2, n2 = blocks.pop()
+            v1, w1, n1 = blocks.pop()
+            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    out: list[float] = []
+    for v, _, n in blocks:
+        out += [v] * int(n)
+    return out
+
+
+def fit_occupancy_curve(
+    streams: Sequence[tuple[float, Sequence[tuple[float, float]]]], concurrency: int
+) -> tuple[list[float], list[float], list[float]] | None:
+    """Step time by running sequences from the probe's streams. Pure.
+
+    Args:
+        streams: per probe request, ``(prompt_len, [(t, tokens), ...])`` -- every chunk with text,
+            the first one being the first token.
+        concurrency: ``c``; the curve is returned for ``k = 1..c``.
+
+    Returns:
+        ``(mean gap, standard error, mean context)`` per ``k`` (gaps only after every probe request
+        has its first token, so no step holds a prefill), or ``None`` when fewer than half the
+        levels were seen. Missing levels are interpolated; the standard error counts one sample per
+        step (the ``k`` gaps of one step are one observation).
+    """
+    live = [(p, ev) for p, ev in streams if len(ev) >= 2]
+    if not live:
+        return None
+    starts = np.array([ev[0][0] for _, ev in live])
+    ends = np.array([ev[-1][0] for _, ev in live])
+    after = float(starts.max())
+    sums = np.zeros(concurrency + 1)
+    sq = np.zeros(concurrency + 1)
+    cnt = np.zeros(concurrency + 1)
+    ctx = np.zeros(concurrency + 1)
+    # Context of every request at any time: prompt + tokens before then (step function).
+    times = [np.array([t for t, _ in ev]) for _, ev in live]
+    cums = [np.cumsum([n for _, n in ev]) for _, ev in live]
+    prompts = [p for p, _ in live]
+    for j, (_, ev) in enumerate(live):
+        for i in range(1, len(ev)):
+            t, gap = ev[i][0], ev[i][0] - ev[i - 1][0]
+            if ev[i - 1][0] < after or gap <= 0:
+                continue
+            running = (starts < t) & (ends >= t)
+            k = int(running.sum())
+            if not 1 <= k <= concurrency:
+                continue
+            c_tot = 0.0
+            for m in np.flatnonzero(running):
+                idx = int(np.searchsorted(times[m], t, side="left"))  # tokens before this step
+                c_tot += prompts[m] + (float(cums[m][idx - 1]) if idx > 0 else 0.0)
+            sums[k] += gap
+            sq[k] += gap * gap
+            cnt[k] += 1
+            ctx[k] += c_tot
+    seen = [k for k in range(1, concurrency + 1) if cnt[k] > 0]
+    if len(seen) < max(2, concurrency // 2):
+        return None
+    mean = {k: sums[k] / cnt[k] for k in seen}
+    steps = {k: max(1.0, cnt[k] / k) for k in seen}
+    se = {}
+    for k in seen:
+        var = max(0.0, sq[k] / cnt[k] - mean[k] ** 2)
+        se[k] = math.sqrt(var / steps[k]) if steps[k] > 1 else mean[k] * 0.1
+    mc = {k: ctx[k] / cnt[k] for k in seen}
+    ks = np.arange(1, concurrency + 1)
+    xs = np.array(seen, dtype=float)
+    interp = lambda d: list(np.interp(ks, xs, [d[k] for k in seen]))  # noqa: E731
+    m, s, c = interp(mean), interp(se), interp(mc)
+    # Interpolated levels get the wider neighbour's error.
+    return m, [max(v, se[min(seen, key=lambda q: abs(q - k))]) for k, v in zip(ks, s)], c
+
+
+def fit_step_model(
+    windows: Sequence[tuple[float, float, float, float]],
+    occupancy: tuple[Sequence[float], Sequence[float], Sequence[float]],
+    positions: tuple[float, Sequence[float]],
+    concurrency: int,
+) -> StepTimeModel | None:
+    """Least-squares step-time model (see :class:`StepTimeModel`). Pure.
+
+    Args:
+        windows: per window of the measured run with all ``concurrency`` slots decoding:
+            ``(mean gap, mean context, prefills per step, chunks)``.
+        occupancy: :func:`fit_occupancy_curve`'s result.
+        positions: ``(bin width, tokens per chunk by bin)``.
+    Returns ``None`` when there are too few windows (< 6) or the fit is degenerate.
+    """
+    rows = [w for w in windows if w[3] > 0]
+    if len(rows) < 6:
+        return None
+    y = np.array([w[0] for w in rows])
+    x = np.column_stack([np.ones(len(rows)), [w[1] for w in rows], [w[2] for w in rows]])
+    if not np.any(x[:, 2] > 0):
+        x = x[:, :2]
+    try:
+        xtx_inv = np.linalg.inv(x.T @ x)
+    except np.linalg.LinAlgError:
+        return None
+    beta = xtx_inv @ x.T @ y
+    resid = y - x @ beta
+    dof = len(rows) - x.shape[1]
+    if dof < 3:
+        return None
+    cov = xtx_inv * float(resid @ resid) / dof
+    mean, se, ctx = occupancy
+    c = concurrency
+    gamma = float(beta[1])
+    corrected = [m - gamma * (cx - ctx[c - 1]) for m, cx in zip(mean, ctx)]  # to the probe's context at k=c
+    f = _isotonic(corrected, [1.0 / max(s, 1e-12) ** 2 for s in se])
+    width, tps = positions
+    if not tps:
+        return None
+    return StepTimeModel(
+        concurrency=c, alpha=float(beta[0]), gamma=gamma,
+        cov=((float(cov[0, 0]), float(cov[0, 1])), (float(cov[1, 0]), float(cov[1, 1]))),
+        occupancy_step=tuple(f), occupancy_se=tuple(se), position_bin=float(width),
+        tokens_per_step=tuple(float(v) for v in tps),
+    )
+
+
+def predict_drain_end(start: float, sequences: Sequence[tuple[float, float, float]], model: StepTimeModel,
+                      z: float = 0.0, max_jump: int = 64) -> float:
+    """When the last of ``sequences`` ``(remaining tokens, output position, prompt tokens)`` finishes
+    if nothing new starts: step by step with :meth:`StepTimeModel.step` (``z`` standard errors
+    slower) as occupancy falls and contexts grow; finishes are jumped to in at most ``max_jump``
+    steps at a time. Pure."""
+    rem = np.array([s[0] for s in sequences if s[0] > 0], dtype=float)
+    pos = np.array([s[1] for s in sequences if s[0] > 0], dtype=float)
+    ctx = np.array([s[1] + s[2] for s in sequences if s[0] > 0], dtype=float)
+    t = start
+    while rem.size:
+        tau = np.array([model.tokens_at(p) for p in pos])
+        steps = max(1, min(max_jump, int(math.ceil(float(np.min(rem / tau))))))
+        grow = steps * float(tau.sum())
+        t += steps * model.step(rem.size, float(ctx.sum()) + grow / 2, z)
+        rem -= steps * tau
+        pos += steps * tau
+        ctx += steps * tau
+        keep = rem > 1e-9
+        rem, pos, ctx = rem[keep], pos[keep], ctx[keep]
+    return t
+
+
+def _drain_start_state(
+    now: float,
+    in_flight: Sequence[tuple[float, float, float]],
+    queued: Sequence[tuple[float, float]],
+    concurrency: int,
+    per_sequence_rate: float,
+    startup_s: float,
+) -> tuple[float, list[tuple[float, float, float]]]:
+    """The closed loop at the steady per-sequence rate until the last queued request starts: that
+    time and every running sequence's ``(remaining, position, prompt)`` then. Pure."""
+    import heapq
+
+    slots = [(now + max(0.0, r) / per_sequence_rate, r + p, pr) for r, p, pr in in_flight]
+    slots += [(now, 0.0, 0.0)] * max(0, concurrency - len(slots))
+    heapq.heapify(slots)
+    t_last = now
+    for length, prompt in queued:
+        end, _, _ = heapq.heappop(slots)
+        t_last = end + startup_s
+        heapq.heappush(slots, (t_last + length / per_sequence_rate, float(length), float(prompt)))
+    state = []
+    for end, length, prompt in slots:
+        remaining = (end - t_last) * per_sequence_rate
+        if remaining > 0:
+            state.append((remaining, length - remaining, prompt))
+    return t_last, state
+
+
 def full_run_throughput_bounds(
     *,
     now: float,
@@ -276,21 +533,38 @@ def full_run_throughput_bounds(
     concurrency: int,
     steady_throughput: float,
     startup_s: float,
+    step_model: StepTimeModel | None = None,
+    in_flight_positions: Sequence[float] | None = None,
+    in_flight_prompts: Sequence[float] | None = None,
+    queued_prompts: Sequence[float] | None = None,
+    z: float = 2.0,
 ) -> tuple[float, float]:
     """Bounds on the output throughput (tokens per unit of ``now``'s clock) of the whole run.
 
-    Until the last request starts, the run goes on at the steady-state rate; what is unknown is the
-    final drain, when fewer than ``concurrency`` sequences are left and each runs faster than in the
-    full batch by an amount that depends on the engine. Lower bound: every sequence keeps the
-    steady-state per-sequence rate to the end (:func:`predict_full_run_end`). Upper bound: the drain
-    keeps the whole steady-state throughput. With ``ignore_eos`` the remaining work is known exactly.
+    Until the last request starts, the run goes on at the steady-state rate (each sequence at the
+    steady per-sequence rate, closed loop). What is unknown is the final drain, when fewer than
+    ``concurrency`` sequences are left and each runs faster than in the full batch.
+
+    Without ``step_model`` the bounds are model-free and wide: every sequence keeps the steady
+    per-sequence rate to the end (:func:`predict_full_run_end`), or the drain keeps the whole
+    steady-state throughput. With a :class:`StepTimeModel` the drain is predicted step by step
+    (:func:`predict_drain_end`) at ``z`` standard errors of the model's step times either way. With
+    ``ignore_eos`` the remaining work is known exactly.
     """
     remaining = float(sum(in_flight_remaining) + sum(queued_lengths))
     if steady_throughput <= 0:
         return 0.0, 0.0
-    slow_end = predict_full_run_end(now, in_flight_remaining, queued_lengths, concurrency,
-                                    steady_throughput / concurrency, startup_s)
-    fast_end = now + remaining / steady_throughput
+    rate = steady_throughput / concurrency
+    if step_model is None:
+        slow_end = predict_full_run_end(now, in_flight_remaining, queued_lengths, concurrency, rate, startup_s)
+        fast_end = now + remaining / steady_throughput
+    else:
+        n = len(in_flight_remaining)
+        flight = list(zip(in_flight_remaining, in_flight_positions or [0.0] * n, in_flight_prompts or [0.0] * n))
+        queue = list(zip(queued_lengths, queued_prompts or [0.0] * len(queued_lengths)))
+        start, state = _drain_start_state(now, flight, queue, concurrency, rate, startup_s)
+        slow_end = predict_drain_end(start, state, step_model, z)
+        fast_end = predict_drain_end(start, state, step_model, -z)
     low = total_tokens / (slow_end - t0) if slow_end > t0 else 0.0
     high = total_tokens / (fast_end - t0) if fast_end > t0 else 0.0
     return low, high
@@ -677,6 +951,10 @@ class _Hooks:
     def on_tokens(self, t: float, n: float) -> None:
         pass
 
+    def on_chunk(self, state: _RequestState, t: float, n: float, gap: float | None) -> None:
+        """A chunk with ``n`` tokens at ``t``; ``gap`` since the request's previous chunk (``None``
+        for the first token). Called before ``state.tokens`` counts it."""
+
 
 def _payload(w: Workload, model: str, spec: RequestSpec, max_tokens: int) -> dict[str, Any]:
     body: dict[str, Any] = {
@@ -769,8 +1047,10 @@ async def _send(
                     if state.ttft is None:
                         state.ttft = now - state.started_at
                         hooks.on_first_token(state, now)
+                        hooks.on_chunk(state, now, n, None)
                     else:
                         state.itl.append(now - state.last_at)  # type: ignore[operator]
+                        hooks.on_chunk(state, now, n, now - state.last_at)  # type: ignore[operator]
                     state.last_at = now
                     state.tokens += n
                     hooks.on_tokens(now, n)
@@ -814,6 +1094,8 @@ class _RunHooks(_Hooks):
         self.started = 0
         self.finished = 0
         self.latest = -math.inf  # newest token time seen
+        self.stats: _StreamStats | None = None
+        self.seen_token = False
 
     def on_slot(self, state: _RequestState) -> None:
         self.started += 1
@@ -823,14 +1105,154 @@ class _RunHooks(_Hooks):
         if self.tracker is not None:
             self.tracker.add_tokens(t, n)
 
+    def on_first_token(self, state: _RequestState, t: float) -> None:
+        if self.tracker is not None and not self.seen_token and state.started_at is not None:
+            self.tracker.t0 = state.started_at  # the token clock's run start (SimClock may lag the wall)
+        self.seen_token = True
+        if self.stats is not None:
+            self.stats.on_first_token(state.spec.prompt_len, t)
+
+    def on_chunk(self, state: _RequestState, t: float, n: float, gap: float | None) -> None:
+        if self.stats is not None:
+            self.stats.on_chunk(state.tokens, t, n, gap)
+
     def on_finish(self, state: _RequestState, t: float) -> None:
         self.finished += 1
+        if self.stats is not None and state.ttft is not None:
+            self.stats.on_finish(state.spec.prompt_len + state.tokens)
         if self.tracker is None or self.concurrency is None:
             return
         if self.finished == self.concurrency and self.started < self.total:
             self.tracker.start(t)
         if self.started >= self.total:
             self.tracker.end(t)
+
+
+class _StreamStats:
+    """What the step-time model is fitted on, accumulated online from the measured stream (O(1) per
+    chunk): per time bin the mean gap between a request's chunks (~ one decode step), the running
+    sequences and their total context at each chunk, the prompt tokens prefilled; per output-position
+    bin the tokens per chunk. Times are the caller's (wall or sim-mapped) seconds."""
+
+    def __init__(self, t0: float | None, bin_s: float, position_bin: float, n_position_bins: int = 32) -> None:
+        self.t0 = t0
+        self.bin_s = bin_s
+        self.position_bin = max(1.0, position_bin)
+        self.running = 0
+        self.context = 0.0
+        self.bins: list[list[float]] = []  # [sum gap, chunks, sum context, sum running, first tokens]
+        self.pos_tokens = [0.0] * n_position_bins
+        self.pos_chunks = [0.0] * n_position_bins
+
+    def _bin(self, t: float) -> list[float]:
+        if self.t0 is None:
+            self.t0 = t  # bins start at the first token: token clocks (SimClock) can lag the wall clock
+        i = max(0, int((t - self.t0) / self.bin_s))
+        while len(self.bins) <= i:
+            self.bins.append([0.0, 0.0, 0.0, 0.0, 0.0])
+        return self.bins[i]
+
+    def on_first_token(self, prompt_len: int, t: float) -> None:
+        self.running += 1
+        self.context += prompt_len
+        self._bin(t)[4] += 1
+
+    def on_chunk(self, position: float, t: float, n: float, gap: float | None) -> None:
+        if gap is not None and gap > 0:
+            b = self._bin(t)
+            b[0] += gap
+            b[1] += 1
+            b[2] += self.context
+            b[3] += self.running
+            j = min(int(position / self.position_bin), len(self.pos_tokens) - 1)
+            self.pos_tokens[j] += n
+            self.pos_chunks[j] += 1
+        self.context += n
+
+    def on_finish(self, context: float) -> None:
+        self.running -= 1
+        self.context -= context
+
+    def windows(self, now: float, concurrency: int) -> list[tuple[float, float, float, float]]:
+        """Complete bins with (nearly) every slot decoding: ``(mean gap, mean context, prefills per
+        step, chunks)``. A prefill costs a step much more than its share of tokens (a prefill reads
+        all the weights), so it enters as a count: requests whose first token came in the bin."""
+        if self.t0 is None:
+            return []
+        done = int((now - self.t0) / self.bin_s)
+        out = []
+        for gap, chunks, ctx, run, prefill in self.bins[:done]:
+            if chunks < 2 * concurrency or run / chunks < concurrency - 1:
+                continue
+            mean_gap = gap / chunks
+            steps = chunks / (run / chunks)
+            if prefill / steps > 0.5:
+                continue  # the ramp-up: prompts prefilled many per step, not one prefill per step
+            out.append((mean_gap, ctx / chunks, prefill / steps, chunks))
+        return out
+
+    def positions(self) -> tuple[float, list[float]]:
+        """Tokens per chunk by position bin (bins with no chunk take their nearest neighbour's)."""
+        known = [(i, t / c) for i, (t, c) in enumerate(zip(self.pos_tokens, self.pos_chunks)) if c > 0]
+        if not known:
+            return self.position_bin, []
+        out = [min(known, key=lambda kv: abs(kv[0] - i))[1] for i in range(len(self.pos_tokens))]
+        return self.position_bin, out
+
+
+class _ProbeHooks(_Hooks):
+    """Records every chunk of the occupancy probe's requests."""
+
+    def __init__(self) -> None:
+        self.events: dict[int, list[tuple[float, float]]] = {}
+
+    def on_chunk(self, state: _RequestState, t: float, n: float, gap: float | None) -> None:
+        self.events.setdefault(state.index, []).append((t, n))
+
+
+PROBE_MIN_TOKENS = 96
+"""The occupancy probe's shortest request: long enough that every probe request is decoding at once
+for a while after the prefills (the full-occupancy level must be seen)."""
+PROBE_SPAN_TOKENS = 768
+"""The occupancy probe's longest request is this many tokens longer than its shortest."""
+
+
+def occupancy_probe_lengths(concurrency: int, max_output_len: int) -> list[int]:
+    """Output lengths of the occupancy probe's ``concurrency`` requests: staggered evenly so the
+    running sequences fall from ``concurrency`` to 1 one at a time, a few steps per level. Pure."""
+    lo = min(PROBE_MIN_TOKENS, max_output_len)
+    span = max(0, min(PROBE_SPAN_TOKENS, max_output_len - lo))
+    if concurrency <= 1:
+        return [lo + span]
+    return [lo + round(j * span / (concurrency - 1)) for j in range(concurrency)]
+
+
+async def _probe_occupancy(
+    session: aiohttp.ClientSession,
+    url: str,
+    w: Workload,
+    model: str,
+    specs: list[RequestSpec],
+    counter: TokenCounter,
+    timeout: aiohttp.ClientTimeout,
+    clock: SimClock | None,
+    concurrency: int,
+) -> tuple[list[float], list[float], list[float]] | None:
+    """Measure step time against running sequences before the measured run (not counted): send
+    ``concurrency`` requests of :func:`occupancy_probe_lengths` at once and fit
+    :func:`fit_occupancy_curve` on their chunks."""
+    lengths = occupancy_probe_lengths(concurrency, max(s.output_len for s in specs))
+    hooks = _ProbeHooks()
+    states = [_RequestState(-1000 - j, specs[j % len(specs)]) for j in range(len(lengths))]
+    outs = await asyncio.gather(*(
+        _send(session, url, w, model, st, counter, hooks, timeout, n, clock) for st, n in zip(states, lengths)
+    ))
+    if any(not o.success for o in outs):
+        logger.warning("occupancy probe: %d of %d requests failed; early stop will use model-free bounds",
+                       sum(not o.success for o in outs), len(outs))
+        return None
+    streams = [(float(st.spec.prompt_len), hooks.events.get(st.index, [])) for st in states]
+    return fit_occupancy_curve(streams, concurrency)
 
 
 def _versions(info: ServerInfo) -> dict[str, str]:
@@ -905,6 +1327,12 @@ async def run_benchmark(
 
         if workload.warmup_requests:
             await _warm_up(session, url, workload, model_name, specs, counter, req_timeout)
+        occupancy = None
+        # The probe only matters where the rule can stop: with at most two turnovers of prompts the
+        # queue is empty by the time the first turnover is done, so there is no steady state.
+        if steady_state is not None and concurrency and len(specs) > 2 * concurrency:
+            occupancy = await _probe_occupancy(session, url, workload, model_name, specs, counter, req_timeout,
+                                               info.sim_clock, concurrency)
 
         before = await _scrape_spec_counters(session, base_url)
         started_iso = _utc_iso()
@@ -913,7 +1341,7 @@ async def run_benchmark(
         tracker = _SteadyStateTracker(steady_state, info.time_scale, t0) if steady_state is not None else None
         outputs, t_end, early = await _dispatch_all(
             session, url, workload, model_name, specs, counter, req_timeout, sink, tracker, concurrency,
-            info.sim_clock,
+            info.sim_clock, occupancy,
         )
         if info.sim_clock is not None:
             # On the simulator's timeline: the run began when its first request arrived there and
@@ -986,11 +1414,15 @@ async def _dispatch_all(
     tracker: _SteadyStateTracker | None,
     concurrency: int | None,
     clock: SimClock | None = None,
+    occupancy: tuple[list[float], list[float], list[float]] | None = None,
 ) -> tuple[list[RequestOutput], float, bool]:
     """Send every request (Poisson arrivals or all at once, at most ``concurrency`` in flight);
     return the outputs in request order, the end time, and whether the steady-state rule stopped it."""
     total = len(specs)
     hooks = _RunHooks(total, concurrency, tracker)
+    if tracker is not None:
+        hooks.stats = _StreamStats(None, tracker.window_wall_s / 2,
+                                   max(s.output_len for s in specs) / 32 if specs else 1.0)
     sem = asyncio.Semaphore(concurrency) if concurrency is not None else None
     states = [_RequestState(i, s) for i, s in enumerate(specs)]
     outputs: list[RequestOutput | None] = [None] * total
@@ -1009,8 +1441,9 @@ async def _dispatch_all(
             out = await _send(session, url, w, model, state, counter, hooks, timeout, state.spec.output_len, clock, hold)
             state.done = True
             outputs[state.index] = out
-            now = time.monotonic()
-            hooks.on_finish(state, now)
+            # On the token clock (the simulator's stamps, SimClock), like the tokens the windows count:
+            # wall time runs ahead of the stamps whenever the simulator falls behind or holds its clock.
+            hooks.on_finish(state, state.last_at if state.last_at is not None else time.monotonic())
             finished += 1
             sink.on_request_done(out)
             if finished == total:
@@ -1041,7 +1474,7 @@ async def _dispatch_all(
             now = (hooks.latest - DELIVERY_LAG_S) if clock is not None else time.monotonic()
             est = tracker.converged(now)
             if est is not None:
-                est = _with_full_run_bounds(est, states, now, tracker, concurrency)
+                est = _with_full_run_bounds(est, states, now, tracker, concurrency, hooks.stats, occupancy)
                 if est is not None:
                     tracker.stopped_with = est  # the estimate the decision was made on is the one reported
                     stop.set()
@@ -1076,27 +1509,39 @@ def _with_full_run_bounds(
     now: float,
     tracker: _SteadyStateTracker,
     concurrency: int | None,
+    stats: _StreamStats | None = None,
+    occupancy: tuple[list[float], list[float], list[float]] | None = None,
 ) -> SteadyStateEstimate | None:
     """``est`` with the full-run bounds, or ``None`` while the drain's share is still too uncertain."""
     started = [st for st in states if st.ttft is not None and st.started_at is not None]
     if not concurrency or not started:
         return None
     scale = tracker.time_scale
+    model = None
+    if stats is not None and occupancy is not None:
+        model = fit_step_model(stats.windows(now, concurrency), occupancy, stats.positions(), concurrency)
+    flight = [st for st in states if st.started_at is not None and not st.done]
+    queued = [st for st in states if st.started_at is None]
     low, high = full_run_throughput_bounds(
         now=now,
         t0=min(st.started_at for st in started),  # type: ignore[type-var]
-        in_flight_remaining=[max(0.0, st.spec.output_len - st.tokens)
-                             for st in states if st.started_at is not None and not st.done],
-        queued_lengths=[float(st.spec.output_len) for st in states if st.started_at is None],
+        in_flight_remaining=[max(0.0, st.spec.output_len - st.tokens) for st in flight],
+        queued_lengths=[float(st.spec.output_len) for st in queued],
         total_tokens=float(sum(st.spec.output_len for st in states)),
         concurrency=concurrency,
         steady_throughput=est.throughput * scale,  # tokens per local second
         startup_s=float(statistics.median(st.ttft for st in started)),  # type: ignore[type-var]
+        step_model=model,
+        in_flight_positions=[st.tokens for st in flight],
+        in_flight_prompts=[float(st.spec.prompt_len) for st in flight],
+        queued_prompts=[float(st.spec.prompt_len) for st in queued],
+        z=statistics.NormalDist().inv_cdf(0.5 + tracker.rule.confidence / 2),
     )
     low, high = low / scale, high / scale  # tokens per server second
     if high <= 0 or (high - low) / (high + low) > tracker.rule.drain_tolerance:
         return None
-    return dataclasses.replace(est, full_run_low=low, full_run_high=high)
+    return dataclasses.replace(est, full_run_low=low, full_run_high=high,
+                               drain_model=model.to_dict() if model is not None else None)
 
 
 def _summarize(
