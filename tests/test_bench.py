@@ -448,28 +448,28 @@ def test_predict_drain_end_single_sequence():
 
 def test_early_stop_agrees_with_full_run(tmp_path_factory):
     """An early-stopped run reports the full run's throughput (drain predicted by the measured
-    step-time model, within the default +-1%) within 3% in a fraction of the time."""
-    w = Workload(input_len=256, output_len=512, range_ratio=0.5, num_prompts=256, max_concurrency=8, seed=4)
-    # Short outputs at concurrency 8: frequent prefills make the step-time fit less certain than at
-    # the sweep's concurrency 64 (the bounds come out ~1% wide), so the drain tolerance is 2% here.
-    rule = SteadyStateRule(rel_tolerance=0.02, window_s=1.0, min_windows=8, drain_tolerance=0.02)
-    with _engine(tmp_path_factory, time_scale=10) as engine:
-        full = benchmark(engine.base_url, w, engine_config=MTP)
-        early = benchmark(engine.base_url, w, engine_config=MTP, steady_state=rule)
-    assert not full.early_stopped and full.completed == 256
+    step-time model, within the default +-1%) within 3% in a fraction of the time -- at the sweep's
+    rule (+-2%) on a case of benchmarks/early_stop_agreement.py (MTP off, 4096 bucket, 384 prompts,
+    concurrency 64, time scale 20: stopped at +0.18% there). Smaller workloads stop only sometimes:
+    the +-2% interval then closes near the end of the queue, when the rule may no longer stop."""
+    w = Workload(input_len=1024, output_len=4096, range_ratio=0.5, num_prompts=384, max_concurrency=64, seed=0)
+    rule = SteadyStateRule(rel_tolerance=0.02)
+    with _engine(tmp_path_factory, config=NO_MTP, time_scale=20) as engine:
+        full = benchmark(engine.base_url, w, engine_config=NO_MTP)
+        early = benchmark(engine.base_url, w, engine_config=NO_MTP, steady_state=rule)
+    assert not full.early_stopped and full.completed == 384
     assert early.early_stopped and early.cancelled > 0
-    assert early.completed + early.cancelled + early.failed == 256 and early.failed == 0
+    assert early.completed + early.cancelled + early.failed == 384 and early.failed == 0
     assert early.duration_s < full.duration_s
     ss = early.steady_state
     assert ss["rel_half_width"] <= 0.02 and ss["batches"] >= 8
     assert ss["full_run_low"] <= early.output_throughput <= ss["full_run_high"]
     assert (ss["full_run_high"] - ss["full_run_low"]) / early.output_throughput <= 2 * rule.drain_tolerance + 1e-9
     assert ss["drain_model"] is not None  # the occupancy probe ran and the step-time model was fitted
-    assert ss["drain_model"]["f_1"] < 0.8 * ss["drain_model"]["f_c"]  # one sequence steps faster than eight
+    assert ss["drain_model"]["f_1"] < 0.8 * ss["drain_model"]["f_c"]  # one sequence steps faster than 64
     assert early.output_throughput == pytest.approx(full.output_throughput, rel=0.03)
     _check_stats(early.tpot_ms)
     assert early.tpot_ms.mean == pytest.approx(full.tpot_ms.mean, rel=0.15)
-    assert early.accept_length == pytest.approx(full.accept_length, rel=0.05)
 
 
 def test_cli_without_base_url_benchmarks_a_simulated_engine(tmp_path):
