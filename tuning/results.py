@@ -32,6 +32,7 @@ __all__ = [
     "STATUS_OK",
     "STATUS_FAILED",
     "commit_table",
+    "config_of_row",
     "failed_rows",
     "pick_best",
     "results_frame",
@@ -221,7 +222,8 @@ def _figures(row: Mapping[str, Any]) -> BucketFigures:
     )
 
 
-def _config_of(row: Mapping[str, Any]) -> dict[str, Any]:
+def config_of_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The engine config (as a dict) that a results row was measured with, rebuilt from its columns."""
     flags = row.get("extra_flags") or ""
     cfg = {
         "backend": row["backend"], "model": row["model"], "tp": int(row["tp"]),
@@ -291,9 +293,9 @@ def pick_best(
             at_c = at_bucket[at_bucket["concurrency"] == c]
             vbest = _best_row(at_c[constraints.mask(at_c)] if not at_c.empty else at_c)
             if vbest is not None and vbest["engine_key"] != best["engine_key"]:
-                variants.append(LoadVariant(min_concurrency=c, config=_config_of(vbest), figures=_figures(vbest)))
+                variants.append(LoadVariant(min_concurrency=c, config=config_of_row(vbest), figures=_figures(vbest)))
         routes.append(BucketRoute(
-            name=b.name, max_output_len=b.max_output_len, config=_config_of(best), figures=figures,
+            name=b.name, max_output_len=b.max_output_len, config=config_of_row(best), figures=figures,
             baselines=baselines, gains=gains, load_variants=tuple(variants), workload=b.workload.to_dict(),
         ))
     if problems:

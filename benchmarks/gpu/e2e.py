@@ -180,7 +180,7 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
     for tid, g in df.groupby("trial_id"):
         ok = g[g["status"] == "ok"]
         trials.append({
-            "trial_id": tid, "role": g["role"].iloc[0], "label": g.get("engine_label", g.get("label", pd.Series([""]))).iloc[0],
+            "trial_id": tid, "role": g["role"].iloc[0], "label": g["engine_label"].iloc[0],
             "status": "ok" if len(ok) else "failed", "cached": bool(g["cached"].iloc[0]),
             "engine_startup_s": _num(g["engine_startup_s"].iloc[0]) if "engine_startup_s" in g else None,
             "measured_from": ok["started_at"].min() if "started_at" in ok and len(ok) else None,
@@ -263,18 +263,12 @@ def engine_infos() -> dict[str, dict[str, Any]]:
 
 def engine_counters(base_url: str, backend: str) -> dict[str, float]:
     import httpx
-    from prometheus_client.parser import text_string_to_metric_families
+
+    from orchestrator.serve.metrics import parse_prometheus_text
 
     req_name, tok_name = ENGINE_COUNTERS[backend]
-    text = httpx.get(base_url + "/metrics", timeout=10).text
-    got = {"requests": 0.0, "generation_tokens": 0.0}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == req_name:
-                got["requests"] += s.value
-            elif s.name == tok_name:
-                got["generation_tokens"] += s.value
-    return got
+    samples = parse_prometheus_text(httpx.get(base_url + "/metrics", timeout=10).text)
+    return {"requests": samples.get(req_name, 0.0), "generation_tokens": samples.get(tok_name, 0.0)}
 
 
 def openai_client():
@@ -420,17 +414,10 @@ def best_static(run_dir: Path, buckets: Sequence[Any], reqs: list[tuple[str, int
         tput = dict(zip(g["bucket"], g["output_throughput"]))
         if all(tput.get(b) for b in share):
             scores[key] = sum(share.values()) / sum(share[b] / tput[b] for b in share)
+    from tuning.results import config_of_row
+
     key = max(scores, key=scores.get)
-    row = df[df["engine_key"] == key].iloc[0]
-    cfg = EngineConfig(
-        backend=row["backend"], model=row["model"], tp=int(row["tp"]),
-        speculative_algorithm="qwen3_5_mtp" if bool(row["speculative"]) else None,
-        num_draft_tokens=int(row["num_draft_tokens"]), memory_fraction=float(row["memory_fraction"]),
-        max_batch_size=None if pd.isna(row["max_batch_size"]) else int(row["max_batch_size"]),
-        session_len=None if pd.isna(row["session_len"]) else int(row["session_len"]),
-        max_prefill_tokens=int(row["max_prefill_tokens"]),
-        extra_flags=tuple(str(row["extra_flags"]).split()) if isinstance(row["extra_flags"], str) else (),
-    )
+    cfg = EngineConfig.from_dict(config_of_row(df[df["engine_key"] == key].iloc[0]))
     if cfg.key() != key:
         raise RuntimeError(f"rebuilt config {cfg.key()} differs from the sweep's {key}")
     return cfg, {"engine_key": key, "predicted_mixed_tput": round(scores[key], 1),
@@ -469,7 +456,6 @@ def deploy(table_path: Path, a: argparse.Namespace, *, share: bool, scale: str |
 
 
 def phase_serve(a: argparse.Namespace) -> dict[str, Any]:
-    from tuning.results import results_frame  # noqa: F401 - fail early if the package is broken
     from tuning.workload import load_tokenizer
 
     run_dir = Path(a.work) / "sweep-1gpu"
@@ -559,8 +545,9 @@ def phase_two_gpu(a: argparse.Namespace) -> dict[str, Any]:
                                "created_at": routing.utc_now_iso(), "simulated": a.sim},
                 "buckets": [{"name": "le2048", "max_output_len": 2048, "config": tp2.to_dict(),
                              "figures": {"output_throughput": 1.0}}]}
-        path = routing.commit(data, Path(a.work) / "tp2_table.json")
-        out["tp2_deploy"] = deploy(Path(a.work) / "tp2_table.json", a, share=False)
+        path = Path(a.work) / "tp2_table.json"
+        routing.commit(data, path)
+        out["tp2_deploy"] = deploy(path, a, share=False)
         if out["tp2_deploy"]["rc"] == 0:
             import ray
 
@@ -577,7 +564,6 @@ def phase_two_gpu(a: argparse.Namespace) -> dict[str, Any]:
                                      capture_output=True, text=True, timeout=30)
                 out["nvidia_smi_compute_apps"] = smi.stdout.splitlines()
             serve_delete()
-        del path
     return out
 
 
