@@ -185,15 +185,16 @@ class SweepSpec:
     def resources_for(self, trial_config: Mapping[str, Any]) -> Any:
         """Tune's per-trial resource request: a fixed bundle, or with ``share_gpu`` the share of a
         GPU the trial's engine config asks for (:meth:`EngineConfig.gpu_request`)."""
-        from ray.tune import PlacementGroupFactory
+        # The conversion Tune applies to a plain resource dict, so both paths request alike.
+        from ray.tune.execution.placement_groups import resource_dict_to_pg_factory
 
-        bundle = {k.upper() if k in ("cpu", "gpu") else k: v for k, v in self.trial_resources.items()}
+        resources = dict(self.trial_resources)
         if self.share_gpu and not self.simulated:
             try:
-                bundle["GPU"] = self.space.config_from_trial_config(trial_config).gpu_request(share_gpu=True)
+                resources["gpu"] = self.space.config_from_trial_config(trial_config).gpu_request(share_gpu=True)
             except ConfigError:
                 pass  # the trial reports the invalid config itself; it keeps the fixed request
-        return PlacementGroupFactory([bundle])
+        return resource_dict_to_pg_factory(resources)
 
 
 @dataclass(frozen=True)
