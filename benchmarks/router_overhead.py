@@ -164,7 +164,8 @@ def markdown(results: list[dict[str, Any]], notes: str = "") -> str:
     lines = ["# Router overhead (simulated engines)", "",
              "Commands: `" + "`, `".join(r["command"] for r in results) + "`", "",
              f'Versions: {", ".join(f"{k} {v}" for k, v in r0["versions"].items())}. '
-             f'Machine: {r0["machine"]["cpus"]} CPU cores, no GPU ({r0["machine"]["platform"]}).', "",
+             f'Machine: {r0["machine"]["cpus"]} CPU cores ({len(r0["machine"].get("cpus_allowed") or []) or "all"} allowed to this run), '
+             f'no GPU used ({r0["machine"]["platform"]}).', "",
              f'Workload: streaming `/v1/completions`, {r0["settings"]["input_tokens"]}-token prompts, '
              f'max_tokens={r0["settings"]["max_tokens"]} with ignore_eos, {r0["settings"]["requests"]} requests in a closed loop; '
              f'engine: simulator profile `{r0["settings"]["engine_config"]["model"]}` with MTP (3 draft tokens), '
@@ -235,7 +236,8 @@ def main() -> int:
         "settings": vars(a) | {"engine_config": config.to_dict()},
         "versions": {"python": platform.python_version(), "ray": ray.__version__, "fastapi": fastapi.__version__,
                      "pydantic": pydantic.__version__, "aiohttp": aiohttp.__version__},
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "processor": platform.processor()},
+        "machine": {"cpus": os.cpu_count(), "cpus_allowed": sorted(os.sched_getaffinity(0)),
+                    "platform": platform.platform(), "processor": platform.processor()},
         "direct": direct, "router": router, "soak": soak, "direct_idle": direct_idle, "router_idle": router_idle,
         "added_ttft_ms_median_idle": round(router_idle["ttft_ms_median"] - direct_idle["ttft_ms_median"], 2),
         "throughput_ratio": round(ratio, 4) if ratio else None,

@@ -84,16 +84,44 @@ def test_sglang_steps_map_to_lmdeploy_draft_tokens():
     assert cfg.command(host="h", port=1)[-2:] == ["--speculative-num-draft-tokens", "3"]
 
 
-def test_baselines_are_inside_the_space_and_first():
+def test_baselines_come_first_without_widening_the_searched_space():
     space = _lmdeploy(num_draft_tokens=(1, 2), memory_fraction=(0.6, 0.7)).with_baselines()
     assert [p.role for p in space.points] == [ROLE_MTP_OFF, ROLE_STATIC]
-    assert 4 in space.num_draft_tokens and 0.8 in space.memory_fraction
+    assert space.num_draft_tokens == (1, 2) and space.memory_fraction == (0.6, 0.7)
     off = space.to_engine_config(space.points[0].params)
     static = space.to_engine_config(space.points[1].params)
-    assert not off.speculative and off.backend is Backend.PYTORCH
+    assert not off.speculative and off.backend is Backend.PYTORCH and off.memory_fraction == 0.8
     assert static.speculative and static.num_draft_tokens == 4 and static.memory_fraction == 0.8
     grid_keys = {cfg.key() for _, cfg in space.grid()}
-    assert off.key() in grid_keys and static.key() in grid_keys
+    assert off.key() not in grid_keys and static.key() not in grid_keys
+    # In-space values are suggestions (TPE learns from the point); the rest are the point's constants.
+    suggested, fixed = space.split_point(space.points[1].params)
+    assert suggested == {"speculative": True, "max_batch_size": 256}
+    assert fixed == {"num_draft_tokens": 4, "memory_fraction": 0.8}
+
+
+def test_searcher_never_proposes_a_baseline_value_outside_the_space():
+    space = _lmdeploy(num_draft_tokens=(1, 2), memory_fraction=(0.15, 0.25, 0.35),
+                      off_backends=("turbomind",)).with_baselines()
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for p in space.points:
+        suggested, fixed = space.split_point(p.params)
+        study.enqueue_trial(suggested, user_attrs={"role": p.role, "extra_flags": [], "fixed": fixed})
+    configs = []
+    for _ in range(40):
+        t = study.ask()
+        out = space(t)
+        configs.append((out["role"], space.config_from_trial_config({**t.params, **out})))
+        study.tell(t, 1.0)
+    (r0, off), (r1, static) = configs[:2]
+    assert (r0, r1) == (ROLE_MTP_OFF, ROLE_STATIC)
+    assert off.backend is Backend.PYTORCH and not off.speculative and off.memory_fraction == 0.8
+    assert static.num_draft_tokens == 4 and static.memory_fraction == 0.8
+    searched = [c for role, c in configs[2:]]
+    assert all(role == "search" for role, _ in configs[2:])
+    assert {c.memory_fraction for c in searched} <= {0.15, 0.25, 0.35}
+    assert {c.num_draft_tokens for c in searched if c.speculative} <= {1, 2}
+    assert {c.backend for c in searched if not c.speculative} == {Backend.TURBOMIND}
 
 
 def test_enqueued_point_keeps_role_and_extra_flags():

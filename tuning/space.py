@@ -20,8 +20,12 @@ recognised by :meth:`EngineConfig.key`. Arithmetic progressions are offered to O
 int/float distributions (TPE then models their order); anything else as a categorical.
 
 Named points (the baselines, and test points that carry ``extra_flags`` such as a simulator fault)
-are enqueued into the Optuna study with ``user_attrs`` ``{"role": ..., "extra_flags": [...]}``;
-the define-by-run function returns those attributes as constants so they reach the trial's config.
+are enqueued into the Optuna study with ``user_attrs`` ``{"role": ..., "extra_flags": [...],
+"fixed": {...}}``; the define-by-run function returns those attributes as constants so they reach
+the trial's config. A named point's values that lie outside the space (say the static
+recommendation's memory fraction 0.8 when the user searches 0.15-0.35) are ``fixed`` constants
+rather than suggestions: the baselines are reference points, and widening the searched space to
+hold them would make the searcher propose their values too (on a shared GPU a 0.8 trial runs alone).
 """
 from __future__ import annotations
 
@@ -198,28 +202,46 @@ class SearchSpace:
         return dataclasses.replace(self, **changes)
 
     def with_baselines(self) -> SearchSpace:
-        """This space plus the two baselines as named points (first in the queue), widened so that
-        both lie inside it (the searcher must be able to represent them):
+        """This space plus the two baselines as named points (first in the queue):
 
-        - MTP off: first off-backend (``pytorch`` for LMDeploy), memory fraction and batch size as
-          the static recommendation / engine default would use (0.8, largest batch size).
+        - MTP off: first off-backend (``pytorch`` for LMDeploy), memory fraction 0.8 (LMDeploy's
+          default ``--cache-max-entry-count``) and the largest batch size.
         - static recommendation: ``qwen3_5_mtp``, 4 draft tokens, memory fraction 0.8.
+
+        The searched space is left as it is: values of a baseline outside it become the point's
+        fixed constants (:meth:`split_point`), not new choices for the searcher.
         """
-        space = self.replace(
-            speculative=tuple(sorted(set(self.speculative) | {False, True})),
-            num_draft_tokens=tuple(sorted(set(self.num_draft_tokens) | {STATIC_NUM_DRAFT_TOKENS})),
-            memory_fraction=tuple(sorted(set(self.memory_fraction) | {STATIC_MEMORY_FRACTION})),
-            off_backends=self.off_backends if self.engine == "sim" else tuple(
-                dict.fromkeys(("pytorch", *self.off_backends))),
-        )
-        bs = max(space.max_batch_size)
-        off = {"speculative": False, "memory_fraction": STATIC_MEMORY_FRACTION, "max_batch_size": bs}
-        if len(space.off_backends) > 1:
-            off["backend"] = space.off_backends[0]
+        bs = max(self.max_batch_size)
+        off: dict[str, Any] = {"speculative": False, "memory_fraction": STATIC_MEMORY_FRACTION, "max_batch_size": bs}
+        if self.engine != "sim":
+            off["backend"] = "pytorch"
         static = {"speculative": True, "num_draft_tokens": STATIC_NUM_DRAFT_TOKENS,
                   "memory_fraction": STATIC_MEMORY_FRACTION, "max_batch_size": bs}
         others = tuple(p for p in self.points if p.role not in BASELINE_ROLES)
-        return space.replace(points=(NamedPoint(ROLE_MTP_OFF, off), NamedPoint(ROLE_STATIC, static), *others))
+        return self.replace(points=(NamedPoint(ROLE_MTP_OFF, off), NamedPoint(ROLE_STATIC, static), *others))
+
+    def split_point(self, params: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A named point's params as (suggested, fixed): a knob the define-by-run function would
+        suggest for this point, with a value among its choices, is enqueued for the searcher (so TPE
+        learns from the point); anything else is a constant of the point, outside the searched space."""
+        suggested: dict[str, Any] = {}
+        fixed: dict[str, Any] = {}
+        spec = _as_bool(params.get("speculative", False))
+        for name, value in params.items():
+            if name == "speculative":
+                ok = spec in self.speculative
+            elif name == "num_draft_tokens":
+                ok = spec and int(value) in self.num_draft_tokens
+            elif name == "backend":
+                ok = not spec and len(self.off_backends) > 1 and value in self.off_backends
+            elif name == "memory_fraction":
+                ok = round(float(value), 4) in self.memory_fraction
+            elif name == "max_batch_size":
+                ok = int(value) in self.max_batch_size
+            else:
+                ok = False
+            (suggested if ok else fixed)[name] = value
+        return suggested, fixed
 
     # ----- points -> configs ---------------------------------------------------------------------------
     def to_engine_config(self, params: Mapping[str, Any], *, extra_flags: Sequence[str] = ()) -> EngineConfig:
@@ -287,14 +309,19 @@ class SearchSpace:
         Returns the named point's constants (``role``, ``extra_flags``) from the trial's user
         attributes, so a baseline or fault-test point keeps its tag in the Tune trial config.
         """
-        values: dict[str, Any] = {"speculative": _suggest(trial, "speculative", self.speculative)}
-        if values["speculative"]:
-            values["num_draft_tokens"] = _suggest(trial, "num_draft_tokens", self.num_draft_tokens)
-        elif len(self.off_backends) > 1:
-            values["backend"] = _suggest(trial, "backend", self.off_backends)
-        values["memory_fraction"] = _suggest(trial, "memory_fraction", self.memory_fraction)
-        values["max_batch_size"] = _suggest(trial, "max_batch_size", self.max_batch_size)
         attrs = getattr(trial, "user_attrs", None) or {}
+        fixed = attrs.get("fixed") or {}
+
+        def value(name: str, choices: tuple) -> Any:
+            return fixed[name] if name in fixed else _suggest(trial, name, choices)
+
+        values: dict[str, Any] = {"speculative": _as_bool(value("speculative", self.speculative))}
+        if values["speculative"]:
+            values["num_draft_tokens"] = value("num_draft_tokens", self.num_draft_tokens)
+        elif len(self.off_backends) > 1 or "backend" in fixed:
+            values["backend"] = value("backend", self.off_backends)
+        values["memory_fraction"] = value("memory_fraction", self.memory_fraction)
+        values["max_batch_size"] = value("max_batch_size", self.max_batch_size)
         # Returned values override the raw suggestions in the Tune config (rounded floats read better).
         return {**values, "role": attrs.get("role", ROLE_SEARCH), "extra_flags": list(attrs.get("extra_flags", []))}
 

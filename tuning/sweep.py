@@ -10,7 +10,8 @@ How the pieces fit:
 - :class:`~tuning.space.SearchSpace` is the define-by-run space given to ``OptunaSearch`` (TPE,
   seeded, study in ``<run_dir>/optuna.db`` so ``optuna-dashboard sqlite:///<run_dir>/optuna.db``
   opens it). The baselines (MTP off; the published static recommendation) are enqueued into that
-  study first, tagged by ``user_attrs``, so they run under the same workloads as every other trial.
+  study first, tagged by ``user_attrs``, so they run under the same workloads as every other trial;
+  their values outside the searched space are fixed constants, not new choices for TPE.
 - Each Tune trial (:func:`tuning.trial.run_trial`) reserves its GPUs (``{"gpu": tp}``; the
   simulator needs one CPU and no GPU), starts one engine, measures every bucket, stops it.
   ``--share-gpu`` (tp=1, small models): a trial reserves its memory fraction + headroom of one GPU
@@ -371,7 +372,8 @@ def _enqueue_named_points(spec: SweepSpec, storage: Any) -> None:
     if study.get_trials(deepcopy=False):
         return  # resumed: already enqueued (and probably run)
     for p in spec.space.points:
-        study.enqueue_trial(dict(p.params), user_attrs={"role": p.role, "extra_flags": list(p.extra_flags)},
+        suggested, fixed = spec.space.split_point(p.params)
+        study.enqueue_trial(suggested, user_attrs={"role": p.role, "extra_flags": list(p.extra_flags), "fixed": fixed},
                             skip_if_exists=False)
 
 
