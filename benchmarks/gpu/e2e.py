@@ -469,7 +469,10 @@ def phase_serve(a: argparse.Namespace) -> dict[str, Any]:
     backend = "sim" if a.sim else "lmdeploy"
     share = not a.sim
     out: dict[str, Any] = {"phase": "serve", "table": json.loads(table.model_dump_json())}
-    gpus = [int(g) for g in a.gpus.split(",")][:1]
+    # Every GPU of --gpus: a table whose engines' memory fractions do not fit one GPU together
+    # (deploy refuses it with a clear error) is served on two.
+    gpus = [int(g) for g in a.gpus.split(",")]
+    out["gpus"] = gpus
     reqs = mixed_requests(buckets, tokenizer)
     with ray_cluster(gpus, sim=a.sim, num_cpus=a.num_cpus):
         out["deploy_tuned"] = deploy(table_path, a, share=share)
