@@ -486,14 +486,22 @@ def phase_serve(a: argparse.Namespace) -> dict[str, Any]:
         last = buckets[-1]
         engine_url = infos[table.buckets[-1].engine_config().key()]["base_url"]
         w = last.workload_at(last.primary_concurrency)
-        out["router_vs_direct"] = {
-            "workload": w.to_dict(),
-            "direct": bench(engine_url, w, tokenizer),
-            "router": bench(f"http://127.0.0.1:{HTTP_PORT}", w, tokenizer),
-        }
-        d, r = out["router_vs_direct"]["direct"], out["router_vs_direct"]["router"]
-        if d.get("output_throughput") and r.get("output_throughput"):
-            out["router_vs_direct"]["ratio"] = round(r["output_throughput"] / d["output_throughput"], 3)
+        # ABBA (direct, router, router, direct): an engine's first full-length batches are slower than
+        # later ones (2026-11-29: twice the direct run, done first, lost 25-35 %), so the order must
+        # not favour either path; the ratio compares the means of the two runs of each.
+        urls = {"direct": engine_url, "router": f"http://127.0.0.1:{HTTP_PORT}"}
+        runs = [(path, bench(urls[path], w, tokenizer)) for path in ("direct", "router", "router", "direct")]
+        rvd: dict[str, Any] = {"workload": w.to_dict(), "order": [p for p, _ in runs], "runs": [r for _, r in runs]}
+        for path in urls:
+            figs = [r for p, r in runs if p == path]
+            for k in ("output_throughput", "ttft_ms_median"):
+                vals = [f[k] for f in figs if f.get(k) is not None]
+                rvd[f"{path}_{k}_mean"] = round(sum(vals) / len(vals), 2) if len(vals) == len(figs) else None
+        if rvd["direct_output_throughput_mean"] and rvd["router_output_throughput_mean"]:
+            rvd["ratio"] = round(rvd["router_output_throughput_mean"] / rvd["direct_output_throughput_mean"], 3)
+        if rvd["direct_ttft_ms_median_mean"] is not None and rvd["router_ttft_ms_median_mean"] is not None:
+            rvd["added_ttft_ms_median"] = round(rvd["router_ttft_ms_median_mean"] - rvd["direct_ttft_ms_median_mean"], 2)
+        out["router_vs_direct"] = rvd
         out["mixed_tuned"] = mixed_run(reqs, a.concurrency)
         n_engines = len(table.distinct_configs())
         log(f"tuned table: {out['mixed_tuned']}")
