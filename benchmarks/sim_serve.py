@@ -34,16 +34,17 @@ def served_sim_table(config: EngineConfig, *, work_dir: Path, api_key: str, time
     """Deploy ``config`` as the only bucket behind the router; yields the completions URL.
 
     ``engine_transport``: the router's ``engine_transport`` option (``grpc`` or ``object_ref``).
-    ``direct_ingress``: yield the router replica's own HTTP port (Serve direct ingress, enabled by
-    ``RAY_SERVE_ENABLE_DIRECT_INGRESS=1`` or ``RAY_SERVE_THROUGHPUT_OPTIMIZED=1``) instead of the HTTP
-    proxy's: the request path then has no proxy hop.
+    ``direct_ingress``: yield the router replica's own URL (Serve direct ingress, enabled by
+    ``RAY_SERVE_ENABLE_DIRECT_INGRESS=1`` or ``RAY_SERVE_THROUGHPUT_OPTIMIZED=1``; read with
+    :func:`orchestrator.deploy.direct_ingress_urls`) instead of the HTTP proxy's: the request path
+    then has no proxy hop.
 
     Ray and Serve are shut down on exit.
     """
     import ray
     from ray import serve
 
-    from orchestrator.deploy import deploy
+    from orchestrator.deploy import deploy, direct_ingress_urls
 
     table_path = work_dir / "routing.json"
     routing.commit({
@@ -61,31 +62,17 @@ def served_sim_table(config: EngineConfig, *, work_dir: Path, api_key: str, time
                 "engine": {"num_cpus": 0, "log_dir": str(work_dir / "engine-logs"), "graceful_shutdown_timeout_s": 20},
                 "router": {"num_cpus": 0, "graceful_shutdown_timeout_s": 20, "engine_transport": engine_transport}},
                app_name=app_name)
+        base = f"http://127.0.0.1:{port}/v1"
         if direct_ingress:
-            port = _direct_ingress_port()
-        yield f"http://127.0.0.1:{port}/v1/completions"
+            urls = direct_ingress_urls(app_name)
+            if not urls:
+                raise RuntimeError("the router replica serves no HTTP port of its own: direct ingress is off "
+                                   "(RAY_SERVE_ENABLE_DIRECT_INGRESS=1 must be set before Ray starts)")
+            base = urls[0]  # one router replica
+        yield f"{base}/completions"
     finally:
         serve.shutdown()
         ray.shutdown()
-
-
-def _direct_ingress_port(first: int = 30000, count: int = 64) -> int:
-    """The HTTP port the router replica itself listens on under Serve direct ingress (Serve allocates
-    them from ``RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT``, default 30000): the first that answers the
-    router's ``/health``."""
-    import json
-    import urllib.error
-    import urllib.request
-
-    first = int(os.environ.get("RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT", first))
-    for port in range(first, first + count):
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if "routing_table_version" in json.loads(r.read()):
-                    return port
-        except (OSError, ValueError, urllib.error.URLError):
-            continue
-    raise RuntimeError(f"no router replica answers on ports {first}-{first + count - 1}; is direct ingress on?")
 
 
 def add_serve_arguments(p: Any) -> None:
@@ -100,7 +87,7 @@ def add_serve_arguments(p: Any) -> None:
                         "gRPC between deployments)")
     p.add_argument("--direct-ingress", action="store_true",
                    help="start Ray with RAY_SERVE_ENABLE_DIRECT_INGRESS=1 and send the load to the router replica's "
-                        "own HTTP port (no proxy hop; its port is found by probing /health from 30000)")
+                        "own HTTP port (no proxy hop; its URL is read from Serve's controller)")
     p.add_argument("--num-cpus", type=int, default=None, help="logical CPUs for ray.init (default: os.cpu_count())")
     p.add_argument("--out-dir", default=None,
                    help="write <out-dir>/<name>.json and .md (overrides --out; the directory is created)")

@@ -26,6 +26,19 @@ dropped even when every engine config changes:
 Engines whose config is in both tables keep running through all three steps (same deployment name
 and version). ``serve deploy`` with a changed config instead rebuilds everything at once: in-flight
 requests still finish, but new requests may fall back or get 503 while new engines load.
+
+Direct ingress (the low-latency mode: no proxy hop)
+---------------------------------------------------
+Serve's HTTP proxy (``--http-host``/``--http-port``) is one extra hop per request. With Ray Serve
+*direct ingress* each router replica serves HTTP itself, on a port of its own from
+``RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT`` (default 30000) to ``..._MAX_HTTP_PORT`` (31000), bound to
+the same ``--http-host``. It is a cluster setting, not a deploy option: put
+``RAY_SERVE_ENABLE_DIRECT_INGRESS=1`` (``RAY_SERVE_THROUGHPUT_OPTIMIZED=1`` also turns it on) in
+the environment of every ``ray start`` (head and workers) before Serve starts; for the local cluster
+this CLI starts, in its own environment. After a deploy the CLI prints each router replica's URL
+(:func:`direct_ingress_urls`); the proxy URL keeps working as a fallback. Replica ports change when
+replicas are replaced, so clients or a load balancer should re-read them (or put Serve's HAProxy,
+``RAY_SERVE_ENABLE_HA_PROXY=1``, in front of them).
 """
 from __future__ import annotations
 
@@ -34,7 +47,7 @@ import hashlib
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +56,8 @@ import yaml
 
 from orchestrator.errors import ConfigError, OrchestratorError
 
-__all__ = ["DeployResult", "deploy", "main", "serve_config", "write_serve_config"]
+__all__ = ["DeployResult", "deploy", "direct_ingress_urls", "direct_ingress_urls_from_details", "main", "serve_config",
+           "write_serve_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +151,83 @@ def _running_router_spec(app_name: str) -> dict[str, Any] | None:
         return None
 
 
+_WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+
+
+def direct_ingress_urls_from_details(details: Mapping[str, Any], app_name: str = DEFAULT_APP_NAME, *,
+                                     deployment: str | None = None) -> list[str]:
+    """The OpenAI base URLs (``http://IP:PORT[/prefix]/v1``) of ``app_name``'s router replicas that
+    serve HTTP themselves (Ray Serve direct ingress); empty when direct ingress is off or no router
+    replica is running yet. Pure: reads a Serve instance details document and nothing else.
+
+    ``details``: the ``ServeInstanceDetails`` document — what Serve's controller returns
+    (``get_serve_instance_details``, which ``serve.status()`` also reads) and what the dashboard serves
+    at ``GET /api/serve/applications/``. Its ``target_groups`` list, per app and protocol, where
+    traffic can enter: with direct ingress on, the ingress replicas' node IP and own port; otherwise
+    (or while the app has no running ingress replica) Serve's proxies. Only targets that are replicas
+    of the router ``deployment`` (default :data:`orchestrator.serve.app.ROUTER_DEPLOYMENT`) of this
+    app are kept, which leaves the proxies out.
+
+    A replica binds the host of Serve's ``http_options`` on its own node: for ``0.0.0.0``/``::`` the
+    URL names the node's IP; for any other host (``127.0.0.1``: reachable only on that node) that host.
+    """
+    if deployment is None:
+        from orchestrator.serve.app import ROUTER_DEPLOYMENT
+
+        deployment = ROUTER_DEPLOYMENT
+    app = (details.get("applications") or {}).get(app_name) or {}
+    dep = (app.get("deployments") or {}).get(deployment) or {}
+    replicas = {r.get("actor_name") for r in dep.get("replicas") or () if r.get("actor_name")}
+    # An unset host is Serve's default: the loopback address of each node.
+    host = str((details.get("http_options") or {}).get("host", "127.0.0.1") or "")
+    urls: set[str] = set()
+    for group in details.get("target_groups") or ():
+        if group.get("app_name") != app_name or _enum_value(group.get("protocol")).upper() != "HTTP":
+            continue
+        prefix = str(group.get("route_prefix") or "/").rstrip("/")
+        for target in group.get("targets") or ():
+            if target.get("name") not in replicas or not target.get("port"):
+                continue  # a proxy, not a router replica
+            ip = str(target.get("ip") or "") if host in _WILDCARD_HOSTS else host
+            if not ip:
+                continue
+            urls.add(f"http://{_url_host(ip)}:{int(target['port'])}{prefix}/v1")
+    return sorted(urls, key=_url_sort_key)
+
+
+def direct_ingress_urls(app_name: str = DEFAULT_APP_NAME) -> list[str]:
+    """The direct-ingress URLs of ``app_name``'s running router replicas on the connected Ray cluster
+    (:func:`direct_ingress_urls_from_details`); empty when direct ingress is off, Serve is not running
+    or the app is not deployed.
+
+    Reads the controller's ``get_serve_instance_details`` through Serve's client, the same call
+    ``serve.status()`` makes (``ray.serve.context._get_global_client`` is private, the document's
+    schema ``ray.serve.schema.ServeInstanceDetails`` public); no port is probed. Outside a Ray driver,
+    feed the dashboard's ``GET /api/serve/applications/`` JSON to
+    :func:`direct_ingress_urls_from_details` instead.
+    """
+    from ray.serve.context import _get_global_client
+
+    client = _get_global_client(raise_if_no_controller_running=False)
+    if client is None:
+        return []
+    return direct_ingress_urls_from_details(client.get_serve_details(), app_name)
+
+
+def _enum_value(v: Any) -> str:
+    return str(getattr(v, "value", v) or "")
+
+
+def _url_host(ip: str) -> str:
+    return f"[{ip}]" if ":" in ip and not ip.startswith("[") else ip
+
+
+def _url_sort_key(url: str) -> tuple[str, int]:
+    hostport = url.split("://", 1)[1].split("/", 1)[0]
+    host, _, port = hostport.rpartition(":")
+    return host, int(port)
+
+
 def serve_config(args: Any, *, app_name: str = DEFAULT_APP_NAME, route_prefix: str = "/",
                  http_host: str = "0.0.0.0", http_port: int = 8000) -> dict[str, Any]:
     """A Serve config (``serve deploy`` schema) for the args; the table is validated and pinned by hash."""
@@ -201,6 +292,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m orchestrator.deploy",
         description="Serve a routing table with Ray Serve (one deployment per engine config + a routing ingress).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="""\
+low-latency mode (Ray Serve direct ingress, no proxy hop):
+  a cluster setting, not an option of this command: start every Ray node with
+      RAY_SERVE_ENABLE_DIRECT_INGRESS=1 [RAY_SERVE_THROUGHPUT_OPTIMIZED=1] ray start ...
+  (RAY_SERVE_THROUGHPUT_OPTIMIZED=1 alone turns it on too; for the local cluster this command
+  starts, set them in its own environment). Each router replica then serves HTTP on its own port
+  (RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT.._MAX_HTTP_PORT, default 30000-31000) bound to
+  --http-host; after deploying, this command prints their URLs ("router replicas (direct ingress,
+  no proxy hop): http://IP:PORT/v1 ..."). The proxy URL keeps working.""",
     )
     p.add_argument("--routing-table", required=True, help="routing table JSON (tuning.routing)")
     p.add_argument("--write-serve-config", metavar="FILE", help="write a `serve deploy` config and exit (no cluster needed)")
@@ -294,6 +395,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"deployed {result.app_name}: routing table v{result.table_version}, engines {list(result.engine_deployments)}"
           f" (steps: {', '.join(result.steps)}; added {list(result.added)}, removed {list(result.removed)})")
     print(f"OpenAI API at http://{ns.http_host}:{ns.http_port}{ns.route_prefix.rstrip('/')}/v1")
+    try:
+        urls = direct_ingress_urls(result.app_name)
+    except Exception as e:  # the app is deployed; only the listing failed
+        logger.warning("could not list the router replicas' direct-ingress URLs: %r", e)
+        urls = []
+    if urls:
+        print(f"router replicas (direct ingress, no proxy hop): {' '.join(urls)}")
     if ns.blocking:
         try:
             while True:
