@@ -22,7 +22,7 @@ import enum
 import hashlib
 import json
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +36,7 @@ __all__ = [
     "FLAG_TABLE",
     "MAX_DRAFT_TOKENS",
     "SHARED_GPU_HEADROOM",
+    "gpus_needed",
 ]
 
 MAX_DRAFT_TOKENS = 8
@@ -44,6 +45,47 @@ MAX_DRAFT_TOKENS = 8
 SHARED_GPU_HEADROOM = 0.1
 """Share of a GPU a shared tp=1 engine reserves besides its KV fraction: weights, activations, CUDA
 graphs and the MTP head of a *small* model (14 GiB of an H200). See :meth:`EngineConfig.gpu_request`."""
+
+
+_GPU_UNITS = 10_000
+"""Ray accounts a GPU in units of 1/10,000 (fractional requests are rounded to 4 decimals), so packing
+in these integer units is exact where float sums are not (0.7 + 0.2 + 0.1 != 1.0)."""
+
+
+def gpus_needed(requests: Iterable[float]) -> int:
+    """How many GPUs of capacity 1 hold these GPU requests, one per engine replica
+    (:meth:`EngineConfig.gpu_request`); the requests fit ``N`` GPUs iff this is ``<= N``.
+
+    A plain sum is wrong: three shared replicas of 0.6 sum to 1.8 but need 3 GPUs, because Ray places
+    a fractional request (< 1) on a single GPU, never split across two, and gives a request of one or
+    more GPUs only GPUs with nothing else on them. So whole requests take whole GPUs and fractional
+    ones are bin-packed first-fit decreasing. That is a heuristic, on both sides: FFD may open a GPU
+    more than an optimal packing (at most 11/9 of the optimum, + 1), and Ray fits each fractional
+    request into a GPU with room as the replicas come, in no set order, which on awkward mixes can
+    take more GPUs than FFD: a check before deploying, not a guarantee. Node boundaries
+    are not modelled (a tp=2 request needs both GPUs on one node): ``N`` GPUs are one pool.
+    """
+    whole = 0
+    fractions: list[int] = []
+    for r in requests:
+        units = round(float(r) * _GPU_UNITS)
+        if units < 0:
+            raise ValueError(f"a GPU request must be >= 0, got {r!r}")
+        if units >= _GPU_UNITS:
+            if units % _GPU_UNITS:
+                raise ValueError(f"a GPU request above 1 must be a whole number of GPUs (as in Ray), got {r!r}")
+            whole += units // _GPU_UNITS
+        elif units:
+            fractions.append(units)
+    free: list[int] = []  # units left on each GPU opened for fractional requests
+    for units in sorted(fractions, reverse=True):
+        for i, left in enumerate(free):
+            if units <= left:
+                free[i] = left - units
+                break
+        else:
+            free.append(_GPU_UNITS - units)
+    return whole + len(free)
 
 
 class Backend(str, enum.Enum):

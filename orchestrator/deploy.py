@@ -89,7 +89,7 @@ def deploy(
 
     import ray
 
-    from orchestrator.serve.app import AppArgs, build_app, load_table, resources_needed, router_spec
+    from orchestrator.serve.app import AppArgs, build_app, check_resources, load_table, router_spec
     from orchestrator.serve.router import RouterSpec
     from tuning.routing import parse
 
@@ -97,16 +97,7 @@ def deploy(
     table = load_table(args)
     build_app(args, table=table)  # validates every option; builds no actors
     new_engines = table.distinct_configs()
-    cluster = ray.cluster_resources()
-    for resource, need in resources_needed(args, table).items():
-        have = float(cluster.get(resource, 0.0))
-        if need > have + 1e-9:
-            # Serve would otherwise leave the replicas pending for ever, without a word.
-            raise ConfigError(
-                f"the app reserves {need:g} {resource}s with every deployment at its minimum replica count but "
-                f"the Ray cluster has {have:g}: add nodes, lower replica counts (--scale)"
-                + (", or for small models let tp=1 engines share GPUs (--share-gpu)" if resource == "GPU" else "")
-            )
+    check_resources(args, table, ray.cluster_resources())  # before anything on the cluster changes
 
     old_spec = _running_router_spec(app_name)
     if old_spec is None:

@@ -114,7 +114,8 @@ def test_cli_help_explains_every_flag():
                        cwd=ROOT, timeout=120)
     assert r.returncode == 0
     for flag in ("--model", "--space", "--num-trials", "--time-budget-s", "--resume", "--address",
-                 "--routing-table", "--max-tpot-ms", "--max-ttft-ms", "--objective", "--concurrency"):
+                 "--routing-table", "--max-tpot-ms", "--max-ttft-ms", "--objective", "--concurrency",
+                 "--share-gpu", "--serve-gpus"):
         assert flag in r.stdout
 
 

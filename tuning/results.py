@@ -21,10 +21,19 @@ import pandas as pd
 from orchestrator.config import EngineConfig
 from tuning import routing
 from tuning.buckets import Bucket
-from tuning.routing import BucketFigures, BucketRoute, LoadVariant, Provenance, RoutingTable, RoutingTableError
+from tuning.routing import (
+    BucketFigures,
+    BucketRoute,
+    GpuBudget,
+    LoadVariant,
+    Provenance,
+    RoutingTable,
+    RoutingTableError,
+)
 from tuning.space import BASELINE_ROLES, ROLE_MTP_OFF, ROLE_STATIC
 
 __all__ = [
+    "BUDGET_CANDIDATES",
     "CONFIG_COLUMNS",
     "ROW_COLUMNS",
     "Constraints",
@@ -241,13 +250,93 @@ def _isnull(v: Any) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
 
 
-def _best_row(df: pd.DataFrame) -> Mapping[str, Any] | None:
+def _ranked(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """One row per engine config, best first: highest throughput; ties -> fewer draft tokens, then
+    lower memory fraction (cheaper, safer)."""
     if df.empty:
-        return None
-    # Highest throughput; ties -> fewer draft tokens, then lower memory fraction (cheaper, safer).
+        return []
     ordered = df.sort_values(["output_throughput", "num_draft_tokens", "memory_fraction"],
                              ascending=[False, True, True], kind="mergesort")
-    return ordered.iloc[0].to_dict()
+    return ordered.drop_duplicates("engine_key", keep="first").to_dict("records")
+
+
+def _best_row(df: pd.DataFrame) -> Mapping[str, Any] | None:
+    ranked = _ranked(df)
+    return ranked[0] if ranked else None
+
+
+BUDGET_CANDIDATES = 5
+"""Under a GPU budget, the configs a bucket may be given: its own best few (eligible, at its primary
+load), plus any other bucket's best few that were measured eligible on it too, since an engine that
+serves two buckets costs its GPUs once."""
+
+
+def _log_tput(row: Mapping[str, Any]) -> float:
+    t = float(row["output_throughput"])
+    return math.log(t) if t > 0 else -math.inf
+
+
+def _engine(row: Mapping[str, Any]) -> EngineConfig:
+    return EngineConfig.from_dict(config_of_row(row))
+
+
+def _fit_primaries(ranked: Sequence[Sequence[dict[str, Any]]], budget: GpuBudget) -> list[dict[str, Any]] | None:
+    """Per bucket one of its candidate rows such that one engine per distinct config fits ``budget``,
+    maximising the sweep's scalar objective (mean over buckets of log output throughput); ties ->
+    fewer distinct engines, then the better-ranked candidates. ``None`` when no combination fits.
+
+    Depth-first over the buckets with each bucket's options best first, so the first complete
+    combination is the unconstrained best; a branch is cut when even the best options of the
+    remaining buckets cannot beat the best fitting combination, or when the reservations alone
+    (their sum) exceed the budget: a lower bound of any packing, so no cut loses a fitting
+    combination (FFD itself is not monotone and is only asked of complete combinations).
+    """
+    top = {r["engine_key"] for rows in ranked for r in rows[:BUDGET_CANDIDATES]}
+    options = [[r for i, r in enumerate(rows) if i < BUDGET_CANDIDATES or r["engine_key"] in top] for rows in ranked]
+    engines = {r["engine_key"]: _engine(r) for rows in options for r in rows}
+    reserve = {k: cfg.gpu_request(share_gpu=budget.share_gpu) for k, cfg in engines.items()}
+    tail = [0.0] * (len(options) + 1)  # best attainable score of buckets i..end
+    for i in range(len(options) - 1, -1, -1):
+        tail[i] = tail[i + 1] + _log_tput(options[i][0])
+    best: tuple[tuple[float, int], list[dict[str, Any]]] | None = None
+
+    def visit(i: int, chosen: list[dict[str, Any]], score: float) -> None:
+        nonlocal best
+        if i == len(options):
+            keys = {r["engine_key"] for r in chosen}
+            rank = (score, -len(keys))
+            if (best is None or rank > best[0]) and budget.fits(engines[k] for k in keys):
+                best = (rank, list(chosen))
+            return
+        for row in options[i]:
+            s = score + _log_tput(row)
+            if best is not None and s + tail[i + 1] < best[0][0]:
+                break  # options are best first: the rest of this bucket's can only do worse
+            keys = {r["engine_key"] for r in chosen} | {row["engine_key"]}
+            if sum(reserve[k] for k in keys) > budget.gpus + 1e-9:
+                continue
+            visit(i + 1, [*chosen, row], s)
+
+    visit(0, [], 0.0)
+    return None if best is None else best[1]
+
+
+def _load_variant(ranked_at_c: Sequence[dict[str, Any]], primary_key: str, placed: dict[str, EngineConfig],
+                  budget: GpuBudget | None) -> dict[str, Any] | None:
+    """The config for a higher load level: the best one at that level, unless it is the bucket's own
+    config (no variant). Under a budget, the best one that beats the bucket's config there and fits
+    beside the engines ``placed`` so far (which it joins); none if none does."""
+    for row in ranked_at_c:
+        if row["engine_key"] == primary_key:
+            return None
+        if budget is None or row["engine_key"] in placed or budget.fits([*placed.values(), _engine(row)]):
+            placed.setdefault(row["engine_key"], _engine(row))
+            return row
+    return None
+
+
+def _describe(row: Mapping[str, Any]) -> str:
+    return f"{row['engine_label']} ({float(row['output_throughput']):,.0f} tok/s)"
 
 
 def pick_best(
@@ -256,19 +345,28 @@ def pick_best(
     constraints: Constraints = Constraints(),
     *,
     provenance: Provenance,
+    budget: GpuBudget | None = None,
 ) -> RoutingTable:
     """Per bucket, the config with the highest measured output throughput at the bucket's primary load
     among successful rows that meet ``constraints``; its figures; both baselines' figures and the
     gains over them; a load variant for each higher concurrency level where another config wins.
 
+    With a ``budget`` the table must also be servable on ``budget.gpus`` GPUs (one replica of every
+    engine it uses, sharing per ``budget.share_gpu``): the per-bucket best when that fits; else the
+    fitting combination of each bucket's top candidates that maximises the sweep's scalar objective
+    (:func:`_fit_primaries`). Load variants are then kept while they fit, else replaced by the next
+    config that beats the bucket's own at that load and fits, else dropped. What the budget changed
+    is written to ``provenance.gpu_budget.notes``.
+
     Pure: no files, no clock. Raises :class:`IncompleteResultsError` naming what is missing when a
-    bucket has no eligible successful row or a baseline has no successful row for a bucket.
+    bucket has no eligible successful row or a baseline has no successful row for a bucket, or when
+    no combination fits the budget.
     """
     problems: list[str] = []
     if results.empty:
         raise IncompleteResultsError("the sweep produced no results; nothing to route by (previous table kept)")
     ok = results[(results["status"] == STATUS_OK) & results["output_throughput"].notna()]
-    routes = []
+    found: list[tuple[Bucket, dict[str, BucketFigures], list[dict[str, Any]], pd.DataFrame]] = []
     for b in buckets:
         at_bucket = ok[ok["bucket"] == b.name]
         primary = at_bucket[at_bucket["concurrency"] == b.primary_concurrency]
@@ -279,25 +377,12 @@ def pick_best(
                 problems.append(f"bucket {b.name}: baseline {key!r} ({role}) has no successful measurement")
             else:
                 baselines[key] = _figures(base)
-        eligible = primary[constraints.mask(primary)] if not primary.empty else primary
-        best = _best_row(eligible)
-        if best is None:
+        ranked = _ranked(primary[constraints.mask(primary)] if not primary.empty else primary)
+        if not ranked:
             why = "no successful trial" if primary.empty else f"no successful trial meets {constraints.to_dict()}"
             problems.append(f"bucket {b.name}: {why}")
             continue
-        figures = _figures(best)
-        gains = {k: figures.output_throughput / v.output_throughput - 1.0
-                 for k, v in baselines.items() if v.output_throughput > 0}
-        variants = []
-        for c in b.concurrency_levels[1:]:
-            at_c = at_bucket[at_bucket["concurrency"] == c]
-            vbest = _best_row(at_c[constraints.mask(at_c)] if not at_c.empty else at_c)
-            if vbest is not None and vbest["engine_key"] != best["engine_key"]:
-                variants.append(LoadVariant(min_concurrency=c, config=config_of_row(vbest), figures=_figures(vbest)))
-        routes.append(BucketRoute(
-            name=b.name, max_output_len=b.max_output_len, config=config_of_row(best), figures=figures,
-            baselines=baselines, gains=gains, load_variants=tuple(variants), workload=b.workload.to_dict(),
-        ))
+        found.append((b, baselines, ranked, at_bucket))
     if problems:
         raise IncompleteResultsError(
             "the sweep's results are incomplete, so no routing table was written and any previous table is "
@@ -305,9 +390,72 @@ def pick_best(
             + "\nResume the sweep (--resume RUN_DIR) with a larger --num-trials/--time-budget-s, relax the "
             "constraints, or check the failure reasons in results.csv."
         )
-    provenance = provenance.model_copy(update={"constraints": constraints.to_dict()})
-    return RoutingTable(provenance=provenance, buckets=tuple(routes),
+
+    unconstrained = [ranked[0] for _, _, ranked, _ in found]
+    chosen = unconstrained
+    notes: list[str] = []
+    if budget is not None:
+        fitted = _fit_primaries([ranked for _, _, ranked, _ in found], budget)
+        if fitted is None:
+            raise IncompleteResultsError(_no_fit_message(found, budget))
+        chosen = fitted
+        for (b, *_), best, row in zip(found, unconstrained, chosen):
+            if row["engine_key"] != best["engine_key"]:
+                notes.append(f"{b.name}: {_describe(row)} instead of {_describe(best)} "
+                             f"({float(row['output_throughput']) / float(best['output_throughput']) - 1:+.1%})")
+        if notes:
+            ratio = math.exp((sum(map(_log_tput, chosen)) - sum(map(_log_tput, unconstrained))) / len(chosen))
+            notes.insert(0, f"the best config per bucket needs {_gpus_of(unconstrained, budget)} GPUs, over the "
+                            f"budget of {budget.gpus}; this table's geometric-mean output throughput over the "
+                            f"buckets is {ratio - 1:+.1%} against it")
+    placed = {r["engine_key"]: _engine(r) for r in chosen}
+    routes = []
+    for (b, baselines, _, at_bucket), row in zip(found, chosen):
+        figures = _figures(row)
+        gains = {k: figures.output_throughput / v.output_throughput - 1.0
+                 for k, v in baselines.items() if v.output_throughput > 0}
+        variants = []
+        for c in b.concurrency_levels[1:]:
+            at_c = at_bucket[at_bucket["concurrency"] == c]
+            ranked_c = _ranked(at_c[constraints.mask(at_c)] if not at_c.empty else at_c)
+            vrow = _load_variant(ranked_c, row["engine_key"], placed, budget)
+            if vrow is not None:
+                variants.append(LoadVariant(min_concurrency=c, config=config_of_row(vrow), figures=_figures(vrow)))
+            wanted = ranked_c[0] if ranked_c and ranked_c[0]["engine_key"] != row["engine_key"] else None
+            if wanted is not None and (vrow or {}).get("engine_key") != wanted["engine_key"]:  # the budget's doing
+                notes.append(f"{b.name} at >= {c} in flight: {_describe(wanted)} does not fit; "
+                             + (f"{_describe(vrow)} instead" if vrow is not None else "no load variant"))
+        routes.append(BucketRoute(
+            name=b.name, max_output_len=b.max_output_len, config=config_of_row(row), figures=figures,
+            baselines=baselines, gains=gains, load_variants=tuple(variants), workload=b.workload.to_dict(),
+        ))
+    update: dict[str, Any] = {"constraints": constraints.to_dict()}
+    if budget is not None:
+        update["gpu_budget"] = budget.model_copy(update={"notes": tuple(notes)})
+    return RoutingTable(provenance=provenance.model_copy(update=update), buckets=tuple(routes),
                         default_max_tokens=buckets[0].max_output_len)
+
+
+def _gpus_of(rows: Sequence[Mapping[str, Any]], budget: GpuBudget) -> int:
+    """GPUs one engine per distinct config of ``rows`` takes under the budget's sharing."""
+    return routing.gpus_for_engines({r["engine_key"]: _engine(r) for r in rows}.values(), share_gpu=budget.share_gpu)
+
+
+def _no_fit_message(found: Sequence[tuple[Bucket, Any, Sequence[Mapping[str, Any]], Any]], budget: GpuBudget) -> str:
+    best = [ranked[0] for _, _, ranked, _ in found]
+    smallest = min((r for _, _, ranked, _ in found for r in ranked[:BUDGET_CANDIDATES]),
+                   key=lambda r: _engine(r).gpu_request(share_gpu=budget.share_gpu))
+    shareable = any(_engine(r).tp == 1 for _, _, ranked, _ in found for r in ranked)
+    return (
+        f"no routing table of the measured configs fits {budget.gpus} GPU(s)"
+        f"{' with tp=1 engines sharing GPUs' if budget.share_gpu else ''}, so no routing table was written and "
+        f"any previous table is kept: the best config per bucket needs {_gpus_of(best, budget)} GPUs and no "
+        f"combination of each bucket's top {BUDGET_CANDIDATES} eligible configs fits (the smallest, "
+        f"{smallest['engine_label']}, reserves {_engine(smallest).gpu_request(share_gpu=budget.share_gpu):g} GPUs "
+        f"alone).\nRaise --serve-gpus, "
+        + ("let tp=1 engines share GPUs (--share-gpu), " if shareable and not budget.share_gpu else "")
+        + ("or sweep smaller memory fractions." if budget.share_gpu else "or sweep a lower --tp.")
+    )
 
 
 def commit_table(table: RoutingTable, path: str | Path) -> RoutingTable:

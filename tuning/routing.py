@@ -13,24 +13,35 @@ import datetime as _dt
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
-from orchestrator.config import EngineConfig
+from orchestrator.config import EngineConfig, gpus_needed
 from orchestrator.errors import ConfigError
 
 __all__ = [
     "SCHEMA_VERSION",
     "BucketFigures",
     "BucketRoute",
+    "GpuBudget",
     "LoadVariant",
     "Provenance",
     "RoutingTable",
     "RoutingTableError",
     "commit",
+    "gpus_for_engines",
     "load",
     "parse",
 ]
@@ -111,6 +122,26 @@ class BucketRoute(_Model):
         return EngineConfig.from_dict(self.config)
 
 
+class GpuBudget(_Model):
+    """The GPUs a table was chosen to be served on (``tuning.sweep --serve-gpus``): one replica of
+    every engine it uses must fit ``gpus`` GPUs, each engine reserving
+    :meth:`EngineConfig.gpu_request` with ``share_gpu``. ``notes`` say what fitting cost (a bucket
+    given its next-best config, a load variant replaced or dropped); empty when nothing changed."""
+
+    gpus: int = Field(ge=1)
+    share_gpu: bool = False
+    notes: tuple[str, ...] = ()
+
+    def fits(self, configs: Iterable[EngineConfig]) -> bool:
+        """Does one replica of each of ``configs`` fit the budget's GPUs?"""
+        return gpus_for_engines(configs, share_gpu=self.share_gpu) <= self.gpus
+
+
+def gpus_for_engines(configs: Iterable[EngineConfig], *, share_gpu: bool) -> int:
+    """GPUs one replica of each config takes, placed as Ray places them (``orchestrator.config.gpus_needed``)."""
+    return gpus_needed(c.gpu_request(share_gpu=share_gpu) for c in configs)
+
+
 class Provenance(_Model):
     """Where the measurements came from; a table without it can't be trusted or compared."""
 
@@ -124,6 +155,16 @@ class Provenance(_Model):
     workload: dict[str, Any] = Field(default_factory=dict)
     objective: str = "output_throughput"
     constraints: dict[str, float] = Field(default_factory=dict)
+    gpu_budget: GpuBudget | None = Field(default=None, description="set when the sweep had --serve-gpus")
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_budget(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Written only when set: a table chosen without a budget stays byte-identical to one written
+        # before the field existed, and builds that predate it (extra="forbid") still read it.
+        data = handler(self)
+        if data.get("gpu_budget") is None:
+            data.pop("gpu_budget", None)
+        return data
 
 
 class RoutingTable(_Model):
@@ -174,6 +215,11 @@ class RoutingTable(_Model):
             for cfg in [b.engine_config(), *(v.engine_config() for v in b.load_variants)]:
                 out.setdefault(cfg.key(), cfg)
         return out
+
+    def gpus_needed(self, *, share_gpu: bool) -> int:
+        """GPUs that hold one replica of every engine the table uses (bucket configs and load
+        variants), each reserving :meth:`EngineConfig.gpu_request` (``orchestrator.config.gpus_needed``)."""
+        return gpus_for_engines(self.distinct_configs().values(), share_gpu=share_gpu)
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=False) + "\n"

@@ -19,6 +19,11 @@ How the pieces fit:
   (start-up is what a trial pays for), while a per-GPU lease (:class:`tuning.trial.GpuMeasureLease`)
   lets only one of them be measured at a time: no figure is taken while another engine on the same
   GPU serves load.
+- ``--serve-gpus N``: the committed table must be servable on N GPUs (one replica per engine, each
+  reserving what :meth:`EngineConfig.gpu_request` says under ``--share-gpu``): per-bucket bests that
+  each fit the GPU alone may not fit together. :func:`tuning.results.pick_best` then takes the
+  fitting mix of the buckets' top configs with the best scalar objective, and says in the table's
+  ``provenance.gpu_budget`` what it gave up. Without it the summary still says what the table needs.
 - Budgets (``--num-trials``, ``--time-budget-s``) live in ``<run_dir>/budget.json`` and are read
   by the searcher at every suggestion, so ``--resume`` can extend them: the sweep continues from
   Tune's experiment state and the same Optuna study; finished trials are neither lost nor re-run.
@@ -42,6 +47,7 @@ buckets. So ``scalar`` is the default; ``multi`` is available.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import json
 import logging
@@ -73,7 +79,7 @@ from tuning.results import (
     summary_rows,
     write_results,
 )
-from tuning.routing import Provenance, RoutingTable, RoutingTableError
+from tuning.routing import GpuBudget, Provenance, RoutingTable, RoutingTableError
 from tuning.space import ROLE_SEARCH, SearchSpace, load_space_file
 from tuning.trial import GpuMeasureLease, ResultCache, TrialContext, metric_name, run_trial
 
@@ -129,10 +135,18 @@ class SweepSpec:
     tokenizer: str | None = None
     n_startup_trials: int = 8
     share_gpu: bool = False
+    serve_gpus: int | None = None
+    """GPUs the committed table must be servable on (one replica per engine, sharing per
+    ``share_gpu``); ``None``: no limit. Decides only the choice, never what is measured."""
 
     def __post_init__(self) -> None:
         if self.share_gpu and self.space.tp != 1:
             raise ConfigError(f"share_gpu needs tp=1 engines (got tp={self.space.tp}): a tp>1 engine owns its GPUs")
+        if self.serve_gpus is not None and (not isinstance(self.serve_gpus, int) or self.serve_gpus < 1):
+            raise ConfigError(f"serve_gpus={self.serve_gpus!r} must be a whole number of GPUs >= 1")
+        if self.serve_gpus is not None and not self.simulated and self.serve_gpus < self.space.tp:
+            # Found out only after the whole sweep otherwise.
+            raise ConfigError(f"serve_gpus={self.serve_gpus} cannot hold even one engine of tp={self.space.tp}")
         if self.objective not in ("scalar", "multi"):
             raise ConfigError(f"objective={self.objective!r} is invalid; allowed: 'scalar', 'multi'")
         if self.max_concurrent_trials < 1:
@@ -158,7 +172,7 @@ class SweepSpec:
             "constraints": self.constraints.to_dict(), "routing_table": self.routing_table,
             "ready_timeout_s": self.ready_timeout_s, "request_timeout_s": self.request_timeout_s,
             "tokenizer": self.tokenizer, "n_startup_trials": self.n_startup_trials,
-            "share_gpu": self.share_gpu,
+            "share_gpu": self.share_gpu, "serve_gpus": self.serve_gpus,
         }
 
     @classmethod
@@ -179,6 +193,10 @@ class SweepSpec:
             request_timeout_s=self.request_timeout_s, tokenizer=self.tokenizer,
             measure_lease_actor=self.measure_lease_name() if self.share_gpu else None,
         )
+
+    def gpu_budget(self) -> GpuBudget | None:
+        """What :func:`~tuning.results.pick_best` must fit the table into (``None``: no limit)."""
+        return None if self.serve_gpus is None else GpuBudget(gpus=self.serve_gpus, share_gpu=self.share_gpu)
 
     def measure_lease_name(self) -> str:
         return f"mtp-sweep-measure-lease-{self.sweep_id}"
@@ -670,7 +688,8 @@ def run_sweep(
     table = table_path = None
     error = None
     try:
-        table = pick_best(df, spec.buckets, spec.constraints, provenance=provenance_for(spec))
+        table = pick_best(df, spec.buckets, spec.constraints, provenance=provenance_for(spec),
+                          budget=spec.gpu_budget())
         table_path = Path(spec.run_dir) / "routing_table.json"
         written = routing.commit(table, table_path)
         for extra in dict.fromkeys(Path(p) for p in [*([spec.routing_table] if spec.routing_table else []), *commit_to]):
@@ -780,7 +799,19 @@ def build_spec(args: argparse.Namespace, defaults: Mapping[str, Any] | None = No
         n_startup_trials=int(sweep_cfg.get("n_startup_trials", 8)),
         ready_timeout_s=float(sweep_cfg.get("ready_timeout_s", 900.0)),
         share_gpu=bool(args.share_gpu) and not simulated,
+        serve_gpus=args.serve_gpus if args.serve_gpus is not None else sweep_cfg.get("serve_gpus"),
     )
+
+
+def resumed_spec(run_dir: str | Path, *, serve_gpus: int | None = None) -> SweepSpec:
+    """The spec saved in ``run_dir/sweep.json``; ``serve_gpus`` (when given) replaces its serving
+    budget, which decides only the choice from the results, so a resumed sweep may change it."""
+    spec_path = Path(run_dir) / "sweep.json"
+    try:
+        spec = SweepSpec.from_dict(json.loads(spec_path.read_text()))
+    except (OSError, ValueError, KeyError) as e:
+        raise SweepError(f"cannot resume from {run_dir}: {spec_path} is missing or invalid ({e})") from None
+    return spec if serve_gpus is None else dataclasses.replace(spec, serve_gpus=serve_gpus)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -833,6 +864,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--share-gpu", action="store_true", help="tp=1 engines share a GPU while their memory "
                    "fractions fit (each reserves fraction + 0.1 of it); they start side by side but are measured "
                    "one at a time per GPU. For models far smaller than the GPU (test checkpoints)")
+    r.add_argument("--serve-gpus", type=int, metavar="N", help="the committed table must be servable on N GPUs "
+                   "(one replica per engine; with --share-gpu tp=1 engines reserve fraction + 0.1 each): the best "
+                   "config per bucket if that fits, else the fitting mix of each bucket's top configs with the best "
+                   "mean log throughput. Default: no limit (the summary says how many GPUs the table needs)")
     r.add_argument("--max-tpot-ms", type=float, help="a bucket's chosen config must have median TPOT <= this")
     r.add_argument("--max-ttft-ms", type=float, help="a bucket's chosen config must have median TTFT <= this")
     o = p.add_argument_group("where")
@@ -876,6 +911,9 @@ def print_summary(outcome: SweepOutcome, *, console: Any = None) -> None:
                       f"{r['accept_length']:.2f}" if r["accept_length"] else "-",
                       _pct(r["gain_vs_mtp_off"]), _pct(r["gain_vs_static"]))
         console.print(t)
+        console.print(serving_line(outcome.table, spec))
+        for note in (outcome.table.provenance.gpu_budget.notes if outcome.table.provenance.gpu_budget else ()):
+            console.print(f"  - {note}")
         if outcome.error:
             console.print(f"[bold red]Routing table not committed everywhere[/]:\n{outcome.error}")
     else:
@@ -886,6 +924,20 @@ def print_summary(outcome: SweepOutcome, *, console: Any = None) -> None:
         console.print(f"routing table:  {outcome.table_path} (version {outcome.table.version})")
     console.print(f"optuna study:   optuna-dashboard sqlite:///{Path(spec.run_dir) / 'optuna.db'}")
     console.print(f"engine logs:    {Path(spec.run_dir) / 'engine-logs'}")
+
+
+def serving_line(table: RoutingTable, spec: SweepSpec) -> str:
+    """How many GPUs serving ``table`` takes (one replica per engine), whole and shared, so a table the
+    deploy target cannot hold shows before ``orchestrator.deploy`` refuses it."""
+    n = len(table.distinct_configs())
+    if spec.simulated:
+        return f"serving:        {n} simulated engine(s), no GPU"
+    shareable = any(c.tp == 1 for c in table.distinct_configs().values())
+    line = (f"serving:        {n} engine(s), one replica each, need {table.gpus_needed(share_gpu=False)} GPU(s)"
+            + (f"; {table.gpus_needed(share_gpu=True)} with --share-gpu" if shareable else ""))
+    if spec.serve_gpus is not None:
+        line += f" (chosen to fit --serve-gpus {spec.serve_gpus}{' --share-gpu' if spec.share_gpu else ''})"
+    return line
 
 
 def _pct(v: float | None) -> str:
@@ -911,11 +963,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cluster = ray.cluster_resources()
     try:
         if args.resume:
-            spec_path = Path(args.resume) / "sweep.json"
-            try:
-                spec = SweepSpec.from_dict(json.loads(spec_path.read_text()))
-            except (OSError, ValueError, KeyError) as e:
-                raise SweepError(f"cannot resume from {args.resume}: {spec_path} is missing or invalid ({e})") from None
+            spec = resumed_spec(args.resume, serve_gpus=args.serve_gpus)
             budget = _read_budget(str(Path(args.resume) / "budget.json"))
             num_trials = args.num_trials or budget.get("num_trials")
             resume = True

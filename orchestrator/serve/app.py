@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from orchestrator.config import Backend, EngineConfig
+from orchestrator.config import Backend, EngineConfig, gpus_needed
 from orchestrator.errors import ConfigError
 from orchestrator.serve.protocol import DEFAULT_MAX_BODY_BYTES
 from orchestrator.serve.router import DEFAULT_BODY_TIMEOUT_S, RouterSpec, hash_api_key
@@ -43,6 +44,8 @@ __all__ = [
     "ScalingSpec",
     "app_builder",
     "build_app",
+    "check_resources",
+    "gpu_requests",
     "resources_needed",
     "load_table",
     "router_spec",
@@ -253,16 +256,54 @@ def scaling_for(args: AppArgs, table: RoutingTable, key: str) -> ScalingSpec:
     return args.scaling.get("default", ScalingSpec())
 
 
+def _min_replicas(spec: ScalingSpec) -> int:
+    opts = spec.deployment_options()
+    return max(1, int(opts.get("num_replicas") or opts.get("autoscaling_config", {}).get("min_replicas", 1)))
+
+
+def gpu_requests(args: AppArgs, table: RoutingTable) -> list[float]:
+    """One GPU request per engine replica with every deployment at its minimum replica count (a
+    deployment of ``r`` replicas needs ``r`` placements, not one of ``r`` times the size)."""
+    return [cfg.gpu_request(share_gpu=args.engine.share_gpu)
+            for key, cfg in table.distinct_configs().items()
+            for _ in range(_min_replicas(scaling_for(args, table, key)))]
+
+
 def resources_needed(args: AppArgs, table: RoutingTable) -> dict[str, float]:
-    """GPUs and CPUs the app reserves with every deployment at its minimum replica count (a replica
-    that can never be placed would sit pending without a word, so deploy checks this first)."""
-    gpus, cpus = 0.0, args.router.num_cpus * args.router.num_replicas
-    for key, cfg in table.distinct_configs().items():
-        opts = scaling_for(args, table, key).deployment_options()
-        replicas = max(1, int(opts.get("num_replicas") or opts.get("autoscaling_config", {}).get("min_replicas", 1)))
-        gpus += cfg.gpu_request(share_gpu=args.engine.share_gpu) * replicas
-        cpus += args.engine.num_cpus * replicas
-    return {"GPU": round(gpus, 4), "CPU": round(cpus, 4)}
+    """GPUs and CPUs the app reserves with every deployment at its minimum replica count, summed
+    (what fits GPUs is :func:`check_resources`'s question)."""
+    cpus = args.router.num_cpus * args.router.num_replicas + sum(
+        args.engine.num_cpus * _min_replicas(scaling_for(args, table, key)) for key in table.distinct_configs())
+    return {"GPU": round(sum(gpu_requests(args, table)), 4), "CPU": round(cpus, 4)}
+
+
+def check_resources(args: AppArgs, table: RoutingTable, cluster: Mapping[str, float]) -> None:
+    """Refuse an app that the cluster (``ray.cluster_resources()``) cannot place with every deployment
+    at its minimum replica count: Serve would leave such a replica pending for ever, without a word.
+
+    GPUs are checked by placement (``orchestrator.config.gpus_needed``), not by sum: shared replicas
+    of 0.6 GPU each sum to 1.8 but take 3 GPUs, since a replica's share cannot span two GPUs. CPUs
+    are divisible, so their sum is the check. Raises :class:`ConfigError`.
+    """
+    need = resources_needed(args, table)
+    have_gpus = float(cluster.get("GPU", 0.0))
+    placed = gpus_needed(gpu_requests(args, table))
+    if placed > have_gpus + 1e-9:
+        shareable = any(c.tp == 1 and c.backend is not Backend.SIM for c in table.distinct_configs().values())
+        raise ConfigError(
+            f"the app reserves {need['GPU']:g} GPUs with every deployment at its minimum replica count"
+            + (f", {placed} once placed (a replica's share of a GPU cannot span two GPUs)"
+               if placed > math.ceil(need["GPU"] - 1e-9) else "")
+            + f", but the Ray cluster has {have_gpus:g}: add GPUs, lower replica counts (--scale)"
+            + (", or for small models let tp=1 engines share GPUs (--share-gpu)" if shareable and not args.engine.share_gpu
+               else ", or commit a table chosen to fit (python -m tuning.sweep ... --serve-gpus N)")
+        )
+    have_cpus = float(cluster.get("CPU", 0.0))
+    if need["CPU"] > have_cpus + 1e-9:
+        raise ConfigError(
+            f"the app reserves {need['CPU']:g} CPUs with every deployment at its minimum replica count but the "
+            f"Ray cluster has {have_cpus:g}: add nodes or lower replica counts (--scale)"
+        )
 
 
 def build_app(
