@@ -169,6 +169,8 @@ def sweep_cmd(a: argparse.Namespace, run_dir: Path, *, sweep_id: str, num_trials
         cmd += ["--model", a.ckpt, "--backends", "pytorch", "--session-len", str(a.session_len)]
         if share:
             cmd += ["--share-gpu"]
+        if a.serve_gpus:
+            cmd += ["--serve-gpus", str(a.serve_gpus)]
     return cmd
 
 
@@ -593,6 +595,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--num-trials", type=int, default=8)
     p.add_argument("--two-gpu-trials", type=int, default=2)
+    p.add_argument("--serve-gpus", type=int, default=None,
+                   help="pass --serve-gpus N to the sweeps (commit a table that fits N GPUs; e.g. 1 to serve "
+                        "the one-GPU sweep's table on that GPU)")
     p.add_argument("--draft-tokens", default="1,2,3,4")
     p.add_argument("--memory-fractions", default="0.15,0.25,0.35")
     p.add_argument("--max-batch-size", type=int, default=64)
