@@ -7,6 +7,7 @@ import contextlib
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -154,6 +155,24 @@ def _wait_until(predicate, timeout_s: float = 20.0) -> None:
         time.sleep(0.02)
 
 
+def _finishes(body: Callable[[], None], timeout_s: float = 20.0) -> None:
+    """Run ``body`` in a thread: the test fails, rather than hangs, when a lease never comes."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            body()
+        except BaseException as e:  # noqa: BLE001 - raised again below
+            errors.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    assert not t.is_alive(), "still waiting for a lease"
+    if errors:
+        raise errors[0]
+
+
 def _at(log: list[tuple[str, str, float]], holder: str, what: str) -> float:
     (t,) = [t for h, w, t in log if h == holder and w == what]
     return t
@@ -224,9 +243,14 @@ def test_a_dead_holders_lease_expires(ray_local):
     assert ray_local.get(lease.try_acquire.remote(["n:0"], "dead-trial"))  # never renewed or released
     assert not ray_local.get(lease.try_acquire.remote(["n:0"], "next-trial"))
     t0 = time.monotonic()
-    with measure_lease(lease, ["n:0"], "next-trial", poll_s=0.05):
-        waited = time.monotonic() - t0
-    assert 0.3 < waited < 5
+    waited: list[float] = []
+
+    def measure() -> None:
+        with measure_lease(lease, ["n:0"], "next-trial", poll_s=0.05):
+            waited.append(time.monotonic() - t0)
+
+    _finishes(measure)
+    assert 0.3 < waited[0] < 5
 
 
 @pytest.mark.parametrize("dead_mode", [STARTUP, MEASURE])
@@ -240,10 +264,14 @@ def test_expired_holds_and_waits_of_dead_trials_stop_blocking(ray_local, dead_mo
         assert not ray_local.get(lease.try_acquire.remote(["n:1"], "dead-waiter", MEASURE))
         ray_local.get(lease.release.remote(["n:1"], "blocker", STARTUP))
     gpus = ["n:0", "n:1"] if dead_mode == MEASURE else ["n:0"]
-    hold = startup_lease if dead_mode == MEASURE else measure_lease
-    with hold(lease, gpus, "next-trial", poll_s=0.05):
-        assert ray_local.get(lease.holders.remote()) == {g: {"next-trial": STARTUP if dead_mode == MEASURE
-                                                             else MEASURE} for g in gpus}
+    mode = STARTUP if dead_mode == MEASURE else MEASURE
+    hold = startup_lease if mode == STARTUP else measure_lease
+
+    def next_trial() -> None:
+        with hold(lease, gpus, "next-trial", poll_s=0.05):
+            assert ray_local.get(lease.holders.remote()) == {g: {"next-trial": mode} for g in gpus}
+
+    _finishes(next_trial)
     assert ray_local.get(lease.holders.remote()) == {}
     assert ray_local.get(lease.waiting.remote()) == {}
 
