@@ -1,10 +1,13 @@
 """Engines sharing a GPU (``--share-gpu``): what each reserves, how many run at once, and the per-GPU
-measurement lease that keeps neighbours out of each other's figures (real Ray actors and threads)."""
+lease (start-ups shared, measurements alone) that keeps neighbours out of each other's figures (real Ray
+actors and threads)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,7 @@ from orchestrator.config import SHARED_GPU_HEADROOM, EngineConfig
 from orchestrator.errors import ConfigError
 from tuning.space import ROLE_STATIC
 from tuning.sweep import _parser, build_spec
-from tuning.trial import GpuMeasureLease, measure_lease
+from tuning.trial import MEASURE, STARTUP, GpuLease, measure_lease, startup_lease
 
 
 def test_gpu_request_is_tp_unless_a_tp1_engine_shares():
@@ -71,7 +74,7 @@ def ray_local():
 
 
 def test_measurement_lease_lets_one_trial_per_gpu_measure(ray_local):
-    lease = ray_local.remote(GpuMeasureLease).remote()
+    lease = ray_local.remote(GpuLease).remote()
     intervals: dict[str, tuple[float, float]] = {}
 
     def measure(holder: str, gpu: str) -> None:
@@ -93,22 +96,240 @@ def test_measurement_lease_lets_one_trial_per_gpu_measure(ray_local):
     assert ray_local.get(lease.holders.remote()) == {}
 
 
+def test_lease_rules_startups_share_a_measurement_is_alone_and_a_waiting_one_goes_first(ray_local):
+    """The grant rules, call by call (no threads, no timing)."""
+    lease = ray_local.remote(GpuLease).remote()
+
+    def take(holder: str, mode: str, gpus: tuple[str, ...] = ("n:0",)) -> bool:
+        return ray_local.get(lease.try_acquire.remote(list(gpus), holder, mode))
+
+    def release(holder: str, mode: str, gpus: tuple[str, ...] = ("n:0",)) -> None:
+        ray_local.get(lease.release.remote(list(gpus), holder, mode))
+
+    assert take("s1", STARTUP) and take("s2", STARTUP)  # start-ups share
+    assert not take("m", MEASURE)  # ... and keep a measurement out
+    assert ray_local.get(lease.waiting.remote()) == {"n:0": ["m"]}
+    assert not take("s3", STARTUP), "a new start-up overtook a waiting measurement"
+    assert take("s1", STARTUP), "a running start-up lost its renewal to a waiting measurement"
+    assert take("s3", STARTUP, ("n:1",)), "a measurement waiting on GPU 0 held off GPU 1"
+    release("s1", STARTUP)
+    assert not take("m", MEASURE)  # s2 still starts
+    release("s2", STARTUP)
+    assert take("m", MEASURE)
+    assert ray_local.get(lease.waiting.remote()) == {}
+    assert not take("s3", STARTUP) and not take("m2", MEASURE)  # a measurement is alone
+    assert not take("m", MEASURE, ("n:0", "n:1")), "took GPU 1 while s3 starts there"
+    assert ray_local.get(lease.holders.remote()) == {"n:0": {"m": MEASURE}, "n:1": {"s3": STARTUP}}, \
+        "a refused all-or-none call kept part of what it asked for"
+    release("m", MEASURE, ("n:0", "n:1"))
+    release("s3", STARTUP, ("n:1",))
+    assert not take("s3", STARTUP), "m2, refused above, no longer waits"
+    release("m2", MEASURE)  # gives up waiting
+    assert take("s3", STARTUP)
+    assert ray_local.get(lease.holders.remote()) == {"n:0": {"s3": STARTUP}}
+
+
+def _run(lease, mode: str, holder: str, gpu: str, log: list[tuple[str, str, float]], *,
+         entered: threading.Event | None = None, leave: threading.Event | None = None) -> threading.Thread:
+    """A thread that holds ``mode`` on ``gpu`` until ``leave`` is set, logging when it entered and left."""
+    hold = startup_lease if mode == STARTUP else measure_lease
+
+    def body() -> None:
+        with hold(lease, [gpu], holder, poll_s=0.05):
+            log.append((holder, "in", time.monotonic()))
+            if entered is not None:
+                entered.set()
+            if leave is not None:
+                assert leave.wait(30)
+            log.append((holder, "out", time.monotonic()))
+
+    t = threading.Thread(target=body, name=holder, daemon=True)
+    t.start()
+    return t
+
+
+def _wait_until(predicate, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.02)
+
+
+def _finishes(body: Callable[[], None], timeout_s: float = 20.0) -> None:
+    """Run ``body`` in a thread: the test fails, rather than hangs, when a lease never comes."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            body()
+        except BaseException as e:  # noqa: BLE001 - raised again below
+            errors.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    assert not t.is_alive(), "still waiting for a lease"
+    if errors:
+        raise errors[0]
+
+
+def _at(log: list[tuple[str, str, float]], holder: str, what: str) -> float:
+    (t,) = [t for h, w, t in log if h == holder and w == what]
+    return t
+
+
+def test_startups_share_a_gpu(ray_local):
+    lease = ray_local.remote(GpuLease).remote()
+    both_in = threading.Barrier(2, timeout=20)  # broken (and the test failed) unless both hold at once
+    errors: list[BaseException] = []
+
+    def start(holder: str) -> None:
+        try:
+            with startup_lease(lease, ["n:0"], holder, poll_s=0.05):
+                both_in.wait()
+        except BaseException as e:  # noqa: BLE001 - reported by the test below
+            errors.append(e)
+
+    threads = [threading.Thread(target=start, args=(h,)) for h in ("s1", "s2")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert errors == []
+    assert ray_local.get(lease.holders.remote()) == {}
+
+
+def test_a_measurement_waits_for_running_startups_and_holds_off_new_ones(ray_local):
+    lease = ray_local.remote(GpuLease).remote()
+    log: list[tuple[str, str, float]] = []
+    s1_in, s1_leave, m_leave = threading.Event(), threading.Event(), threading.Event()
+    s1 = _run(lease, STARTUP, "s1", "n:0", log, entered=s1_in, leave=s1_leave)
+    assert s1_in.wait(20)
+    m = _run(lease, MEASURE, "m", "n:0", log, leave=m_leave)
+    _wait_until(lambda: ray_local.get(lease.waiting.remote()) == {"n:0": ["m"]})
+    s2 = _run(lease, STARTUP, "s2", "n:0", log)  # comes after the measurement asked
+    other_in = threading.Event()
+    other = _run(lease, STARTUP, "other", "n:1", log, entered=other_in)
+    assert other_in.wait(20), "a measurement waiting on GPU 0 held off a start-up on GPU 1"
+    time.sleep(0.5)  # s2 and m poll meanwhile; neither may get in while s1 starts
+    s1_leave.set()
+    _wait_until(lambda: any(h == "m" and w == "in" for h, w, _ in log))
+    m_leave.set()
+    for t in (s1, m, s2, other):
+        t.join(timeout=30)
+    assert _at(log, "s1", "out") <= _at(log, "m", "in"), "measured while a start-up ran"
+    assert _at(log, "m", "out") <= _at(log, "s2", "in"), "a new start-up overtook a waiting measurement"
+    assert ray_local.get(lease.holders.remote()) == {}
+    assert ray_local.get(lease.waiting.remote()) == {}
+
+
+def test_startups_wait_for_a_running_measurement(ray_local):
+    lease = ray_local.remote(GpuLease).remote()
+    log: list[tuple[str, str, float]] = []
+    m_in, m_leave = threading.Event(), threading.Event()
+    m = _run(lease, MEASURE, "m", "n:0", log, entered=m_in, leave=m_leave)
+    assert m_in.wait(20)
+    starts = [_run(lease, STARTUP, h, "n:0", log) for h in ("s1", "s2")]
+    time.sleep(0.5)  # they poll meanwhile
+    m_leave.set()
+    for t in (m, *starts):
+        t.join(timeout=30)
+    assert _at(log, "m", "out") <= min(_at(log, "s1", "in"), _at(log, "s2", "in")), \
+        "a start-up ran while a trial was measured"
+
+
 def test_a_dead_holders_lease_expires(ray_local):
-    lease = ray_local.remote(GpuMeasureLease).remote(ttl_s=0.5)
-    assert ray_local.get(lease.try_acquire.remote("n:0", "dead-trial"))  # never renewed or released
-    assert not ray_local.get(lease.try_acquire.remote("n:0", "next-trial"))
+    lease = ray_local.remote(GpuLease).remote(ttl_s=0.5)
+    assert ray_local.get(lease.try_acquire.remote(["n:0"], "dead-trial"))  # never renewed or released
+    assert not ray_local.get(lease.try_acquire.remote(["n:0"], "next-trial"))
     t0 = time.monotonic()
-    with measure_lease(lease, ["n:0"], "next-trial", poll_s=0.05):
-        waited = time.monotonic() - t0
-    assert 0.3 < waited < 5
+    waited: list[float] = []
+
+    def measure() -> None:
+        with measure_lease(lease, ["n:0"], "next-trial", poll_s=0.05):
+            waited.append(time.monotonic() - t0)
+
+    _finishes(measure)
+    assert 0.3 < waited[0] < 5
+
+
+@pytest.mark.parametrize("dead_mode", [STARTUP, MEASURE])
+def test_expired_holds_and_waits_of_dead_trials_stop_blocking(ray_local, dead_mode):
+    """A dead start-up stops blocking measurements; a dead measurement (held or waiting) stops
+    blocking start-ups."""
+    lease = ray_local.remote(GpuLease).remote(ttl_s=0.5)
+    assert ray_local.get(lease.try_acquire.remote(["n:0"], "dead", dead_mode))  # never renewed or released
+    if dead_mode == MEASURE:  # a second dead trial that only waits for the measurement
+        assert ray_local.get(lease.try_acquire.remote(["n:1"], "blocker", STARTUP))
+        assert not ray_local.get(lease.try_acquire.remote(["n:1"], "dead-waiter", MEASURE))
+        ray_local.get(lease.release.remote(["n:1"], "blocker", STARTUP))
+    gpus = ["n:0", "n:1"] if dead_mode == MEASURE else ["n:0"]
+    mode = STARTUP if dead_mode == MEASURE else MEASURE
+    hold = startup_lease if mode == STARTUP else measure_lease
+
+    def next_trial() -> None:
+        with hold(lease, gpus, "next-trial", poll_s=0.05):
+            assert ray_local.get(lease.holders.remote()) == {g: {"next-trial": mode} for g in gpus}
+
+    _finishes(next_trial)
+    assert ray_local.get(lease.holders.remote()) == {}
+    assert ray_local.get(lease.waiting.remote()) == {}
 
 
 def test_a_lease_is_renewed_while_its_holder_measures(ray_local):
-    lease = ray_local.remote(GpuMeasureLease).remote(ttl_s=0.4)
+    lease = ray_local.remote(GpuLease).remote(ttl_s=0.4)
     with measure_lease(lease, ["n:0"], "slow", poll_s=0.05, renew_s=0.1):
         time.sleep(1.0)  # well past the ttl: only renewal keeps it
-        assert not ray_local.get(lease.try_acquire.remote("n:0", "other"))
-    assert ray_local.get(lease.try_acquire.remote("n:0", "other"))
+        assert not ray_local.get(lease.try_acquire.remote(["n:0"], "other"))
+    assert ray_local.get(lease.try_acquire.remote(["n:0"], "other"))
+
+
+def test_measure_config_starts_under_the_startup_guard_and_measures_under_the_other(monkeypatch, tmp_path):
+    """Start-up guarded until ready (or failed), measurement guarded after; never both at once."""
+    import orchestrator.engine
+    from orchestrator.errors import EngineError
+    from tuning.trial import measure_config
+
+    events: list[str] = []
+
+    class FakeEngine:
+        fail = False
+
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def start(self) -> None:
+            events.append("start")
+
+        def wait_until_ready(self) -> None:
+            if self.fail:
+                raise EngineError("out of memory")
+            events.append("ready")
+
+        def stop(self) -> None:
+            events.append("stop")
+
+    @contextlib.contextmanager
+    def guard(name: str):
+        events.append(f"{name}-enter")
+        try:
+            yield
+        finally:
+            events.append(f"{name}-exit")
+
+    monkeypatch.setattr(orchestrator.engine, "EngineProcess", FakeEngine)
+    cfg = EngineConfig(model="/m", memory_fraction=0.3)
+    kwargs = dict(log_dir=tmp_path, gpus=[0], startup_guard=lambda: guard("startup"),
+                  measure_guard=lambda: guard("measure"))
+    _, failure, startup_s = measure_config(cfg, [], **kwargs)
+    assert failure == "" and startup_s is not None
+    assert events == ["startup-enter", "start", "ready", "startup-exit", "measure-enter", "measure-exit", "stop"]
+
+    events.clear()
+    FakeEngine.fail = True
+    _, failure, startup_s = measure_config(cfg, [], **kwargs)
+    assert "engine failed to start" in failure and startup_s is None
+    assert events == ["startup-enter", "start", "startup-exit", "stop"]
 
 
 # ----- Serve: replicas of a shared GPU, and a table that does not fit is refused up front -------------------

@@ -16,9 +16,10 @@ How the pieces fit:
   simulator needs one CPU and no GPU), starts one engine, measures every bucket, stops it.
   ``--share-gpu`` (tp=1, small models): a trial reserves its memory fraction + headroom of one GPU
   (:meth:`EngineConfig.gpu_request`), so engines whose fractions fit start side by side on a GPU
-  (start-up is what a trial pays for), while a per-GPU lease (:class:`tuning.trial.GpuMeasureLease`)
-  lets only one of them be measured at a time: no figure is taken while another engine on the same
-  GPU serves load.
+  (start-up is what a trial pays for), while a per-GPU readers-writer lease
+  (:class:`tuning.trial.GpuLease`) lets only one of them be measured at a time: no figure is taken
+  while another engine on the same GPU serves load *or starts up* (CUDA graph capture and warm-up
+  are GPU work; in an H200 sweep they overlapped half the measurements). A waiting measurement holds off new start-ups, so they cannot starve it.
 - ``--serve-gpus N``: the committed table must be servable on N GPUs (one replica per engine, each
   reserving what :meth:`EngineConfig.gpu_request` says under ``--share-gpu``): per-bucket bests that
   each fit the GPU alone may not fit together. :func:`tuning.results.pick_best` then takes the
@@ -81,7 +82,7 @@ from tuning.results import (
 )
 from tuning.routing import GpuBudget, Provenance, RoutingTable, RoutingTableError
 from tuning.space import ROLE_SEARCH, SearchSpace, load_space_file
-from tuning.trial import GpuMeasureLease, ResultCache, TrialContext, metric_name, run_trial
+from tuning.trial import GpuLease, ResultCache, TrialContext, metric_name, run_trial
 
 __all__ = ["SweepSpec", "SweepOutcome", "SweepError", "run_sweep", "build_spec", "main", "load_defaults"]
 
@@ -648,8 +649,8 @@ def run_sweep(
         raise SweepError(f"{run_dir} already holds a sweep; pass --resume {run_dir} to continue it, "
                          "or choose a new --run-dir")
     cache = ray.remote(ResultCache).options(name=cache_name, namespace=namespace, num_cpus=0).remote()
-    lease = (ray.remote(GpuMeasureLease).options(name=spec.measure_lease_name(), namespace=namespace, num_cpus=0,
-                                                  get_if_exists=True).remote()
+    lease = (ray.remote(GpuLease).options(name=spec.measure_lease_name(), namespace=namespace, num_cpus=0,
+                                           get_if_exists=True).remote()
              if spec.share_gpu else None)
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, context=spec.trial_context(cache_name, namespace)),

@@ -13,6 +13,7 @@ first one's rows, marked ``cached``; a trial whose twin is still running waits f
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -29,8 +30,8 @@ from tuning.buckets import Bucket
 from tuning.results import STATUS_FAILED, STATUS_OK, failed_rows, rows_for_trial
 from tuning.space import ROLE_SEARCH, SearchSpace
 
-__all__ = ["TrialContext", "ResultCache", "GpuMeasureLease", "measure_config", "run_trial", "trial_metrics",
-           "metric_name", "FAILED_SCORE"]
+__all__ = ["TrialContext", "ResultCache", "GpuLease", "measure_lease", "startup_lease", "measure_config",
+           "run_trial", "trial_metrics", "metric_name", "FAILED_SCORE"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +61,9 @@ class TrialContext:
         ready_timeout_s: how long an engine may take to answer ``/v1/models``.
         request_timeout_s: per-request timeout of the bench client.
         tokenizer: tokenizer path for LMDeploy workloads (``None``: the bench's default counter).
-        measure_lease_actor: name of the sweep's :class:`GpuMeasureLease` actor when engines share
-            GPUs (``None``: each trial owns its GPUs and measures whenever it is ready).
+        measure_lease_actor: name of the sweep's :class:`GpuLease` actor when engines share GPUs
+            (start-ups side by side, each measurement alone); ``None``: each trial owns its GPUs,
+            starts its engine at once and measures whenever it is ready.
     """
 
     sweep_id: str
@@ -91,12 +93,16 @@ def measure_config(
     ready_timeout_s: float = 900.0,
     request_timeout_s: float = 3600.0,
     tokenizer: Any = None,
+    startup_guard: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
     measure_guard: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
 ) -> tuple[dict[tuple[str, int], dict[str, Any]], str, float | None]:
     """Start one engine, run every bucket x load level against it, stop it.
 
-    ``measure_guard`` is entered after the engine is ready and held while it is measured (engines
-    sharing a GPU: start side by side, measure one at a time).
+    ``startup_guard`` is entered before the engine starts and left once it is ready or failed;
+    ``measure_guard`` is entered after that and held while it is measured (engines sharing a GPU:
+    start side by side, measure one at a time, never while a neighbour starts). The two are never
+    held together, so a trial waiting for one never holds the other. ``startup_s`` counts from the
+    engine's start, not from the wait for ``startup_guard``.
 
     Returns ``(measurements, failure, startup_s)``: ``BenchResult`` dicts by (bucket, concurrency),
     the reason the engine failed ('' if it did not), and the engine's start-up time in seconds.
@@ -111,13 +117,14 @@ def measure_config(
     measurements: dict[tuple[str, int], dict[str, Any]] = {}
     startup_s: float | None = None
     try:
-        t0 = time.monotonic()
         try:
-            engine.start()
-            engine.wait_until_ready()
+            with startup_guard() if startup_guard is not None else contextlib.nullcontext():
+                t0 = time.monotonic()
+                engine.start()
+                engine.wait_until_ready()
+                startup_s = time.monotonic() - t0
         except (EngineError, OrchestratorError) as e:
             return measurements, _reason("engine failed to start", e), None
-        startup_s = time.monotonic() - t0
         if is_sim and sim_time_scale:
             startup_s *= sim_time_scale  # simulated seconds, like every other sim figure
         with measure_guard() if measure_guard is not None else contextlib.nullcontext():
@@ -215,75 +222,155 @@ class ResultCache:
         return sorted(self._rows)
 
 
-class GpuMeasureLease:
-    """Which trial may measure on each GPU now (a Ray actor, one per sweep run with ``--share-gpu``).
+STARTUP = "startup"
+"""Lease mode of an engine start-up: shared, many may hold a GPU at once."""
+MEASURE = "measure"
+"""Lease mode of a measurement: exclusive, alone on its GPUs."""
+LEASE_MODES = (STARTUP, MEASURE)
 
-    Engines that share a GPU start side by side, but a figure taken while another engine on the same
-    GPU serves load would measure the neighbour too; so measuring takes a lease per GPU. The lease
-    expires ``ttl_s`` after its holder last renewed it (:func:`measure_lease` renews in a thread), so
-    a trial that dies while holding it blocks the GPU for ``ttl_s`` at most, never for good.
+
+class GpuLease:
+    """Who may start an engine or measure on each GPU now: a readers-writer lease per GPU with
+    writer preference (a Ray actor, one per sweep run with ``--share-gpu``).
+
+    Engines that share a GPU start side by side (start-up is what a trial pays for), but a figure
+    taken while a neighbour on the same GPU serves load *or starts up* (CUDA graph capture, kernel
+    warm-up and KV allocation are GPU-heavy; in an H200 sweep start-ups overlapped half the
+    measurements) would measure the neighbour too. So:
+
+    - ``startup`` holds are shared, granted while no measurement holds the GPU *and none waits for
+      it*: a measurement waits for the start-ups already running, never for new ones;
+    - a ``measure`` hold is exclusive, granted while no other holder of either mode holds the GPU; a
+      refused one is recorded as waiting (refreshed by the caller's polling), which stops new
+      start-ups.
+
+    Several GPUs are taken all or none in one call (an actor runs one call at a time), so two trials
+    never each hold half of what the other needs. Every hold and waiting mark expires ``ttl_s`` after
+    it was last renewed (:func:`measure_lease` and :func:`startup_lease` renew in a thread), so a
+    trial that dies blocks a GPU for ``ttl_s`` at most, never for good.
     """
 
     def __init__(self, ttl_s: float = 30.0) -> None:
         self._ttl_s = ttl_s
-        self._held: dict[str, tuple[str, float]] = {}
+        # gpu -> holder -> (mode, until); waiting holds only measurements
+        self._held: dict[str, dict[str, tuple[str, float]]] = {}
+        self._waiting: dict[str, dict[str, tuple[str, float]]] = {}
 
-    def try_acquire(self, gpu: str, holder: str) -> bool:
-        """Take (or renew) ``gpu``'s lease for ``holder``; ``False`` while someone else holds it."""
+    def try_acquire(self, gpus: Sequence[str], holder: str, mode: str = MEASURE) -> bool:
+        """Take (or renew) ``holder``'s ``mode`` hold on every GPU in ``gpus``, or on none of them.
+
+        ``False`` while another holder's hold (or, for a start-up, a waiting measurement) is in the
+        way; a refused measurement then waits. A live hold of the same holder and mode is always
+        renewed (a start-up already running is not stopped by a measurement that waits for it).
+        """
+        if isinstance(gpus, str):
+            raise TypeError("gpus is a sequence of GPU keys, not one key")
+        if mode not in LEASE_MODES:
+            raise ValueError(f"lease mode must be one of {LEASE_MODES}, got {mode!r}")
         now = time.monotonic()
-        current = self._held.get(gpu)
-        if current is not None and current[0] != holder and current[1] > now:
-            return False
-        self._held[gpu] = (holder, now + self._ttl_s)
-        return True
+        self._expire(now)
+        until = now + self._ttl_s
+        if all(self._may_hold(g, holder, mode) for g in gpus):
+            for g in gpus:
+                self._held.setdefault(g, {})[holder] = (mode, until)
+                self._drop(self._waiting, g, holder)
+            return True
+        if mode == MEASURE:
+            for g in gpus:
+                self._waiting.setdefault(g, {})[holder] = (MEASURE, until)
+        return False
 
-    def release(self, gpu: str, holder: str) -> None:
-        if self._held.get(gpu, ("", 0.0))[0] == holder:
-            del self._held[gpu]
+    def release(self, gpus: Sequence[str], holder: str, mode: str = MEASURE) -> None:
+        """Give back ``holder``'s ``mode`` holds on ``gpus`` (and, for a measurement, its waiting)."""
+        for g in gpus:
+            if self._held.get(g, {}).get(holder, ("", 0.0))[0] == mode:
+                self._drop(self._held, g, holder)
+            if mode == MEASURE:
+                self._drop(self._waiting, g, holder)
 
-    def holders(self) -> dict[str, str]:
-        now = time.monotonic()
-        return {gpu: h for gpu, (h, until) in self._held.items() if until > now}
+    def holders(self) -> dict[str, dict[str, str]]:
+        """Live holds: ``{gpu: {holder: mode}}`` (diagnostics and tests)."""
+        self._expire(time.monotonic())
+        return {g: {h: mode for h, (mode, _) in held.items()} for g, held in self._held.items()}
+
+    def waiting(self) -> dict[str, list[str]]:
+        """Measurements waiting for each GPU: ``{gpu: [holder, ...]}`` (diagnostics and tests)."""
+        self._expire(time.monotonic())
+        return {g: sorted(w) for g, w in self._waiting.items()}
+
+    def _may_hold(self, gpu: str, holder: str, mode: str) -> bool:
+        held = self._held.get(gpu, {})
+        if held.get(holder, ("", 0.0))[0] == mode:
+            return True  # renewal
+        others = [m for h, (m, _) in held.items() if h != holder]
+        if mode == MEASURE:
+            return not others
+        waiters = [h for h in self._waiting.get(gpu, {}) if h != holder]
+        return MEASURE not in others and not waiters
+
+    def _expire(self, now: float) -> None:
+        for table in (self._held, self._waiting):
+            for g in list(table):
+                for h in [h for h, (_, until) in table[g].items() if until <= now]:
+                    self._drop(table, g, h)
+
+    @staticmethod
+    def _drop(table: dict[str, dict[str, tuple[str, float]]], gpu: str, holder: str) -> None:
+        entries = table.get(gpu)
+        if entries is not None:
+            entries.pop(holder, None)
+            if not entries:
+                del table[gpu]
+
+
+def measure_lease(lease: Any, gpus: Sequence[str], holder: str, *, poll_s: float = 0.5,
+                  renew_s: float = 5.0) -> contextlib.AbstractContextManager[None]:
+    """Hold the exclusive ``measure`` lease of every GPU in ``gpus`` (a :class:`GpuLease` actor handle)
+    for the ``with`` body: no other engine on those GPUs is measured or starts up meanwhile."""
+    return _lease(lease, gpus, holder, MEASURE, poll_s=poll_s, renew_s=renew_s)
+
+
+def startup_lease(lease: Any, gpus: Sequence[str], holder: str, *, poll_s: float = 0.5,
+                  renew_s: float = 5.0) -> contextlib.AbstractContextManager[None]:
+    """Hold the shared ``startup`` lease of every GPU in ``gpus`` for the ``with`` body: start-ups run
+    side by side, but never while a measurement on those GPUs runs or waits."""
+    return _lease(lease, gpus, holder, STARTUP, poll_s=poll_s, renew_s=renew_s)
 
 
 @contextlib.contextmanager
-def measure_lease(lease: Any, gpus: Sequence[str], holder: str, *, poll_s: float = 0.5,
-                  renew_s: float = 5.0) -> Iterator[None]:
-    """Hold the measurement lease of every GPU in ``gpus`` (a :class:`GpuMeasureLease` actor handle)
-    for the ``with`` body. All or none: a partial hold is given back before waiting again, so two
-    trials can never each hold half of what the other needs."""
+def _lease(lease: Any, gpus: Sequence[str], holder: str, mode: str, *, poll_s: float,
+           renew_s: float) -> Iterator[None]:
+    """Wait for ``mode``'s hold on all of ``gpus``, renew it in a thread while the body runs, give
+    it back after (also when the wait itself is interrupted: a waiting measurement holds off
+    start-ups)."""
     import ray
 
-    gpus = sorted(gpus)
-    while True:
-        got = [g for g in gpus if ray.get(lease.try_acquire.remote(g, holder))]
-        if len(got) == len(gpus):
-            break
-        for g in got:
-            ray.get(lease.release.remote(g, holder))
-        time.sleep(poll_s)
-    stop = threading.Event()
+    gpus = sorted(set(gpus))
+    try:
+        while not ray.get(lease.try_acquire.remote(gpus, holder, mode)):
+            time.sleep(poll_s)
+        stop = threading.Event()
 
-    def renew() -> None:
-        while not stop.wait(renew_s):
-            for g in gpus:
+        def renew() -> None:
+            while not stop.wait(renew_s):
                 try:
-                    ray.get(lease.try_acquire.remote(g, holder))
+                    if not ray.get(lease.try_acquire.remote(gpus, holder, mode)):
+                        logger.warning("%s lease of %s on %s lapsed (renewal refused)", mode, holder, gpus)
                 except Exception:  # noqa: BLE001 - the sweep is ending; the lease expires by itself
                     return
 
-    renewer = threading.Thread(target=renew, name="measure-lease-renew", daemon=True)
-    renewer.start()
-    try:
-        yield
+        renewer = threading.Thread(target=renew, name=f"{mode}-lease-renew", daemon=True)
+        renewer.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            renewer.join(timeout=renew_s)
     finally:
-        stop.set()
-        renewer.join(timeout=renew_s)
-        for g in gpus:
-            try:
-                ray.get(lease.release.remote(g, holder))
-            except Exception:  # noqa: BLE001 - actor gone with the sweep
-                pass
+        try:
+            ray.get(lease.release.remote(gpus, holder, mode))
+        except Exception:  # noqa: BLE001 - actor gone with the sweep
+            pass
 
 
 def _cached_copy(rows: Sequence[Mapping[str, Any]], *, trial_id: str, role: str) -> list[dict[str, Any]]:
@@ -333,17 +420,19 @@ def run_trial(trial_config: dict[str, Any], context: TrialContext) -> None:
     try:
         gpus = [int(g) for g in ray.get_gpu_ids()] if config.backend is not Backend.SIM else None
         log_dir = Path(context.run_dir) / "engine-logs" / trial_id
-        guard = None
+        startup_guard = measure_guard = None
         if context.measure_lease_actor and gpus:
             lease = ray.get_actor(context.measure_lease_actor, namespace=context.cache_namespace)
             node = ray.get_runtime_context().get_node_id()
             gpu_keys = [f"{node}:{g}" for g in gpus]
-            guard = lambda: measure_lease(lease, gpu_keys, trial_id)  # noqa: E731
+            startup_guard = functools.partial(startup_lease, lease, gpu_keys, trial_id)
+            measure_guard = functools.partial(measure_lease, lease, gpu_keys, trial_id)
         measurements, failure, startup_s = measure_config(
             config, buckets, log_dir=log_dir, gpus=gpus, sim_time_scale=context.sim_time_scale,
             steady_state=context.steady_state, steady_state_min_output_len=context.steady_state_min_output_len,
             ready_timeout_s=context.ready_timeout_s, request_timeout_s=context.request_timeout_s,
-            tokenizer=_load_tokenizer(context.tokenizer), measure_guard=guard,
+            tokenizer=_load_tokenizer(context.tokenizer), startup_guard=startup_guard,
+            measure_guard=measure_guard,
         )
         rows = rows_for_trial(sweep_id=context.sweep_id, trial_id=trial_id, role=role, config=config,
                               buckets=buckets, measurements=measurements, failure=failure,
