@@ -902,7 +902,10 @@ def print_summary(outcome: SweepOutcome, *, console: Any = None) -> None:
     n_trials = df["trial_id"].nunique() if not df.empty else 0
     n_failed = df[df["status"] != STATUS_OK]["trial_id"].nunique() if not df.empty else 0
     if outcome.table is not None:
-        t = Table(title=f"Best config per bucket ({tag})", title_justify="left")
+        budget = outcome.table.provenance.gpu_budget
+        title = ("Best config per bucket" if budget is None
+                 else f"Best config per bucket that fits {budget.gpus} GPU(s){' shared' if budget.share_gpu else ''}")
+        t = Table(title=f"{title} ({tag})", title_justify="left")
         for col, just in (("bucket", "left"), ("best config", "left"), ("output tok/s", "right"),
                           ("accept len", "right"), ("vs MTP off", "right"), ("vs static", "right")):
             t.add_column(col, justify=just, no_wrap=col == "best config")  # type: ignore[arg-type]
@@ -913,7 +916,7 @@ def print_summary(outcome: SweepOutcome, *, console: Any = None) -> None:
                       _pct(r["gain_vs_mtp_off"]), _pct(r["gain_vs_static"]))
         console.print(t)
         console.print(serving_line(outcome.table, spec))
-        for note in (outcome.table.provenance.gpu_budget.notes if outcome.table.provenance.gpu_budget else ()):
+        for note in (budget.notes if budget else ()):
             console.print(f"  - {note}")
         if outcome.error:
             console.print(f"[bold red]Routing table not committed everywhere[/]:\n{outcome.error}")
