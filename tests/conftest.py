@@ -36,3 +36,22 @@ def tmp_log_dir(tmp_path: Path) -> Path:
     log_dir = tmp_path / "logs"
     log_dir.mkdir()
     return log_dir
+
+
+@pytest.fixture
+def write_table():
+    """Writes a routing table with one bucket per engine config (le256, le1024, ...) through the real
+    ``tuning.routing.commit`` and returns its path: the tables Serve tests deploy or size up."""
+    from tuning import routing
+
+    def write(path: Path, configs) -> Path:
+        data = {
+            "provenance": {"model": "/ckpt", "gpu_type": "H200", "gpu_count": 1, "sweep_id": "s",
+                           "created_at": routing.utc_now_iso(), "simulated": False},
+            "buckets": [{"name": f"le{256 * 4 ** i}", "max_output_len": 256 * 4 ** i, "config": c.to_dict(),
+                         "figures": {"output_throughput": 1.0}} for i, c in enumerate(configs)],
+        }
+        routing.commit(data, path)
+        return path
+
+    return write

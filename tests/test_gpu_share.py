@@ -89,7 +89,7 @@ def test_measurement_lease_lets_one_trial_per_gpu_measure(ray_local):
         t.start()
     for t in threads:
         t.join(timeout=30)
-    (a0, a1), (b0, b1), (c0, c1) = intervals["a"], intervals["b"], intervals["c"]
+    (a0, a1), (b0, b1), (c0, _c1) = intervals["a"], intervals["b"], intervals["c"]
     assert a1 <= b0 or b1 <= a0, "two trials measured on one GPU at the same time"
     first_end = min(a1, b1)
     assert c0 < first_end, "a trial on another GPU waited for GPU 0's lease"
@@ -333,27 +333,14 @@ def test_measure_config_starts_under_the_startup_guard_and_measures_under_the_ot
 
 
 # ----- Serve: replicas of a shared GPU, and a table that does not fit is refused up front -------------------
-def _table(path: Path, configs) -> Path:
-    from tuning import routing
-
-    data = {
-        "provenance": {"model": "/ckpt", "gpu_type": "H200", "gpu_count": 1, "sweep_id": "s",
-                       "created_at": routing.utc_now_iso(), "simulated": False},
-        "buckets": [{"name": f"le{256 * 4 ** i}", "max_output_len": 256 * 4 ** i, "config": c.to_dict(),
-                     "figures": {"output_throughput": 1.0}} for i, c in enumerate(configs)],
-    }
-    routing.commit(data, path)
-    return path
-
-
 MTP3 = EngineConfig(model="/ckpt", speculative_algorithm="qwen3_5_mtp", num_draft_tokens=3, memory_fraction=0.3)
 MTP4 = MTP3.replace(num_draft_tokens=4)
 
 
-def test_shared_replicas_reserve_their_fraction_and_the_table_must_fit(tmp_path):
+def test_shared_replicas_reserve_their_fraction_and_the_table_must_fit(tmp_path, write_table):
     from orchestrator.serve.app import AppArgs, build_app, load_table, resources_needed
 
-    path = _table(tmp_path / "t.json", [MTP3, MTP4])
+    path = write_table(tmp_path / "t.json", [MTP3, MTP4])
     args = AppArgs.parse({"routing_table": str(path), "engine": {"share_gpu": True},
                           "scaling": {"le256": {"num_replicas": 2}}})
     app = build_app(args)
@@ -364,13 +351,13 @@ def test_shared_replicas_reserve_their_fraction_and_the_table_must_fit(tmp_path)
     assert resources_needed(unshared, load_table(unshared))["GPU"] == 2
 
 
-def test_deploy_refuses_a_table_whose_engines_do_not_fit_the_cluster(tmp_path, ray_local):
+def test_deploy_refuses_a_table_whose_engines_do_not_fit_the_cluster(tmp_path, ray_local, write_table):
     """A replica that can never be placed would sit pending for ever; deploy says so and starts nothing."""
     from ray import serve
 
     from orchestrator.deploy import deploy
 
-    path = _table(tmp_path / "t.json", [MTP3, MTP4])
+    path = write_table(tmp_path / "t.json", [MTP3, MTP4])
     with pytest.raises(ConfigError, match="reserves 0.8 GPUs .* cluster has 0"):
         deploy({"routing_table": str(path), "engine": {"share_gpu": True}}, app_name="too-big")
     assert "too-big" not in serve.status().applications

@@ -46,17 +46,6 @@ def test_a_request_above_one_gpu_must_be_whole():
 
 
 # ----- deploy: a table whose replicas cannot be placed is refused up front -----------------------------
-def _table(path: Path, configs) -> Path:
-    data = {
-        "provenance": {"model": "/ckpt", "gpu_type": "H200", "gpu_count": 1, "sweep_id": "s",
-                       "created_at": routing.utc_now_iso(), "simulated": False},
-        "buckets": [{"name": f"le{256 * 4 ** i}", "max_output_len": 256 * 4 ** i, "config": c.to_dict(),
-                     "figures": {"output_throughput": 1.0}} for i, c in enumerate(configs)],
-    }
-    routing.commit(data, path)
-    return path
-
-
 def _mtp(drafts: int, mem: float, tp: int = 1) -> EngineConfig:
     return EngineConfig(model="/ckpt", tp=tp, speculative_algorithm="qwen3_5_mtp", num_draft_tokens=drafts,
                         memory_fraction=mem)
@@ -69,10 +58,10 @@ def _app(path: Path, **args):
     return app_args, load_table(app_args)
 
 
-def test_deploy_check_places_shared_replicas_instead_of_summing_them(tmp_path):
+def test_deploy_check_places_shared_replicas_instead_of_summing_them(tmp_path, write_table):
     from orchestrator.serve.app import check_resources, gpu_requests
 
-    path = _table(tmp_path / "t.json", [_mtp(1, 0.5), _mtp(2, 0.5), _mtp(3, 0.5)])  # 0.6 GPU each
+    path = write_table(tmp_path / "t.json", [_mtp(1, 0.5), _mtp(2, 0.5), _mtp(3, 0.5)])  # 0.6 GPU each
     args, table = _app(path, engine={"share_gpu": True})
     assert gpu_requests(args, table) == pytest.approx([0.6] * 3)
     with pytest.raises(ConfigError, match=r"reserves 1\.8 GPUs .*, 3 once placed .* cluster has 2") as e:
@@ -82,10 +71,10 @@ def test_deploy_check_places_shared_replicas_instead_of_summing_them(tmp_path):
     check_resources(args, table, {"GPU": 3, "CPU": 16})
 
 
-def test_deploy_check_counts_every_minimum_replica(tmp_path):
+def test_deploy_check_counts_every_minimum_replica(tmp_path, write_table):
     from orchestrator.serve.app import check_resources, gpu_requests
 
-    path = _table(tmp_path / "t.json", [_mtp(1, 0.25), _mtp(4, 0.5)])  # 0.35 and 0.6 shared
+    path = write_table(tmp_path / "t.json", [_mtp(1, 0.25), _mtp(4, 0.5)])  # 0.35 and 0.6 shared
     args, table = _app(path, engine={"share_gpu": True}, scaling={"le1024": {"min_replicas": 2, "max_replicas": 4}})
     assert sorted(gpu_requests(args, table)) == pytest.approx([0.35, 0.6, 0.6])
     with pytest.raises(ConfigError, match="1.55 GPUs"):
@@ -95,13 +84,13 @@ def test_deploy_check_counts_every_minimum_replica(tmp_path):
     check_resources(one, table, {"GPU": 1, "CPU": 16})  # one replica each: 0.95 of a GPU
 
 
-def test_deploy_check_suggests_sharing_only_when_it_is_off_and_could_help(tmp_path):
+def test_deploy_check_suggests_sharing_only_when_it_is_off_and_could_help(tmp_path, write_table):
     from orchestrator.serve.app import check_resources
 
-    args, table = _app(_table(tmp_path / "t.json", [_mtp(1, 0.25), _mtp(4, 0.5)]))
+    args, table = _app(write_table(tmp_path / "t.json", [_mtp(1, 0.25), _mtp(4, 0.5)]))
     with pytest.raises(ConfigError, match=r"reserves 2 GPUs .* cluster has 1: .*--share-gpu"):
         check_resources(args, table, {"GPU": 1, "CPU": 16})
-    args, table = _app(_table(tmp_path / "tp2.json", [_mtp(1, 0.25, tp=2)]), engine={"share_gpu": True})
+    args, table = _app(write_table(tmp_path / "tp2.json", [_mtp(1, 0.25, tp=2)]), engine={"share_gpu": True})
     with pytest.raises(ConfigError, match="cluster has 1") as e:
         check_resources(args, table, {"GPU": 1, "CPU": 16})
     assert "--share-gpu" not in str(e.value)
