@@ -4,7 +4,7 @@
 #   carry [".stage/e1"]: bash benchmarks/gpu/e2e_device.sh e1
 #   carry [".stage/e2"]: bash benchmarks/gpu/e2e_device.sh e2   # + starts training and LMDeploy's cold compile
 #   carry [".stage/e3"]: bash benchmarks/gpu/e2e_device.sh e3
-#   carry [".stage/e4"]: bash benchmarks/gpu/e2e_device.sh e4   # + waits for the trained checkpoint
+#   carry [".stage/e4"]: bash benchmarks/gpu/e2e_device.sh e4   # + waits for the trained weights
 #   then: source benchmarks/gpu/device_env.sh && python3 benchmarks/gpu/e2e.py sweep|serve|two-gpu --out $OUT
 #
 # Router overhead (issue #4) on the same machine, at the same time, on its own physical cores:
@@ -64,7 +64,9 @@ case $STEP in
     ;;
   e4)
     python3 -c "import ray, optuna, ray.tune, ray.serve, lmdeploy, flash_attn_interface, fastapi; print('imports ok: ray', ray.__version__, 'optuna', optuna.__version__, 'lmdeploy', lmdeploy.__version__, 'fastapi', fastapi.__version__)"
-    for _ in $(seq 1 ${WAIT_STEPS:-100}); do [ -f /root/ckpt/mtp_expected.json ] && break; sleep 5; done
+    # The trained weights are saved (atomically) before the accept-length prediction runs (~1 min more,
+    # on the last GPU): the sweep needs only the weights.
+    for _ in $(seq 1 ${WAIT_STEPS:-100}); do grep -q "saved /root/ckpt/model.safetensors" /root/e2e/train.log && break; sleep 5; done
     tail -3 /root/e2e/train.log; tail -4 /root/e2e/warm.log
     ls -la /root/ckpt | head
     ;;
