@@ -18,6 +18,8 @@ dropped even when every engine config changes:
 
 1. *add*: the running router (rebuilt from its own spec, which it reports) plus the old **and** new
    engine deployments; new engines load while the old router keeps serving. Returns once they are up.
+   This is the update's peak: it is checked against the cluster first (a new engine that cannot be
+   placed would leave this step waiting for ever), and refused with the running app untouched.
 2. *switch*: the new router (new table) plus old and new engines. Serve starts the new router replicas
    before stopping old ones (``max_surge_percent``); old router replicas drain their streams.
 3. *remove*: the new router and only the new engines. Serve drains the removed engines' in-flight
@@ -108,6 +110,8 @@ def deploy(
     old_engines = parse(old_router.table_json).distinct_configs()
     added = sorted(set(new_engines) - set(old_engines))
     removed = sorted(set(old_engines) - set(new_engines))
+    if added:  # old and new engines overlap until the switch: that peak must fit too
+        check_resources(args, table, ray.cluster_resources(), draining={k: old_engines[k] for k in removed})
     steps: list[str] = []
     if added:
         logger.info("step 1/3: starting engines %s behind the running router", added)

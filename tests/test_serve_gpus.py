@@ -239,3 +239,20 @@ def test_serve_gpus_flag_reaches_the_spec_the_choice_and_a_resume(tmp_path):
     assert "need 2 GPU(s); 2 with --share-gpu" in serving_line(table, plain)
     assert "need 2 GPU(s); 1 with --share-gpu" in serving_line(table.model_copy(update={"buckets": (
         table.buckets[0], table.buckets[1].model_copy(update={"config": C.to_dict()}))}), plain)
+
+
+def test_an_update_must_fit_old_and_new_engines_side_by_side(tmp_path, write_table):
+    """Until the router switches, the engines an update removes still serve beside the new ones."""
+    from orchestrator.serve.app import check_resources, gpu_requests
+
+    old = {c.key(): c for c in (_mtp(1, 0.5), _mtp(2, 0.5))}  # 0.6 GPU each when shared
+    args, table = _app(write_table(tmp_path / "new.json", [_mtp(3, 0.5), _mtp(4, 0.5)]), engine={"share_gpu": True})
+    cluster = {"GPU": 2, "CPU": 16}
+    check_resources(args, table, cluster)  # the new table alone fits 2 GPUs
+    assert sorted(gpu_requests(args, table, old)) == pytest.approx([0.6] * 4)
+    with pytest.raises(ConfigError, match=r"updating keeps the running engines .* at that peak .*\(4 once placed\)"
+                                          r" .*cluster has 2") as e:
+        check_resources(args, table, cluster, draining=old)
+    assert all(k in str(e.value) for k in old)
+    check_resources(args, table, {"GPU": 4, "CPU": 16}, draining=old)
+    check_resources(args, table, cluster, draining={})  # nothing removed: no extra peak

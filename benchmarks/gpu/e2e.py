@@ -399,6 +399,16 @@ def mixed_run(reqs: list[tuple[str, int]], concurrency: int) -> dict[str, Any]:
     return asyncio.run(_closed_loop(f"http://127.0.0.1:{HTTP_PORT}", model, reqs, concurrency))
 
 
+def mixed_runs(reqs: list[tuple[str, int]], concurrency: int, repeats: int) -> dict[str, Any]:
+    """The mixed workload ``repeats`` times on the same deployment: one run is ~3 waves (~10 s on an
+    H200), too short to tell a few per cent; the mean and the spread say how far to trust a ratio."""
+    runs = [mixed_run(reqs, concurrency) for _ in range(repeats)]
+    tputs = [r["output_throughput"] for r in runs if r.get("output_throughput")]
+    return {"runs": runs, "errors": sum(r["errors"] for r in runs),
+            "output_throughput": round(sum(tputs) / len(tputs), 1) if len(tputs) == len(runs) else None,
+            "output_throughput_range": [min(tputs), max(tputs)] if tputs else None}
+
+
 def best_static(run_dir: Path, buckets: Sequence[Any], reqs: list[tuple[str, int]]) -> tuple[EngineConfig, dict]:
     """The single config with the best predicted mixed-workload throughput from the sweep's rows:
     total tokens / sum over buckets of (bucket tokens / its throughput) — the time one engine would
@@ -504,7 +514,7 @@ def phase_serve(a: argparse.Namespace) -> dict[str, Any]:
         if rvd["direct_ttft_ms_median_mean"] is not None and rvd["router_ttft_ms_median_mean"] is not None:
             rvd["added_ttft_ms_median"] = round(rvd["router_ttft_ms_median_mean"] - rvd["direct_ttft_ms_median_mean"], 2)
         out["router_vs_direct"] = rvd
-        out["mixed_tuned"] = mixed_run(reqs, a.concurrency)
+        out["mixed_tuned"] = mixed_runs(reqs, a.concurrency, a.mixed_repeats)
         n_engines = len(table.distinct_configs())
         log(f"tuned table: {out['mixed_tuned']}")
         serve_delete()
@@ -523,12 +533,12 @@ def phase_serve(a: argparse.Namespace) -> dict[str, Any]:
             out[f"deploy_{name}"] = deploy(st_path, a, share=share, scale=scale)
             if out[f"deploy_{name}"]["rc"] == 0:
                 warm_up(reqs, a.concurrency)
-                out[f"mixed_{name}"] = mixed_run(reqs, a.concurrency)
+                out[f"mixed_{name}"] = mixed_runs(reqs, a.concurrency, a.mixed_repeats)
                 log(f"{name}: {out[f'mixed_{name}']}")
                 serve_delete()
     tuned = out["mixed_tuned"]["output_throughput"]
     for k in [k for k in out if k.startswith("mixed_static_")]:
-        if out[k].get("output_throughput"):
+        if tuned and out[k].get("output_throughput"):
             out[f"ratio_tuned_vs_{k[6:]}"] = round(tuned / out[k]["output_throughput"], 3)
     return out
 
@@ -595,6 +605,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--num-trials", type=int, default=8)
     p.add_argument("--two-gpu-trials", type=int, default=2)
+    p.add_argument("--mixed-repeats", type=int, default=3, help="serve: runs of the mixed workload per deployment")
     p.add_argument("--serve-gpus", type=int, default=None,
                    help="pass --serve-gpus N to the sweeps (commit a table that fits N GPUs; e.g. 1 to serve "
                         "the one-GPU sweep's table on that GPU)")

@@ -261,34 +261,52 @@ def _min_replicas(spec: ScalingSpec) -> int:
     return max(1, int(opts.get("num_replicas") or opts.get("autoscaling_config", {}).get("min_replicas", 1)))
 
 
-def gpu_requests(args: AppArgs, table: RoutingTable) -> list[float]:
+def _engines(table: RoutingTable, extra_engines: Mapping[str, EngineConfig] | None) -> dict[str, EngineConfig]:
+    return {**(extra_engines or {}), **table.distinct_configs()}
+
+
+def gpu_requests(args: AppArgs, table: RoutingTable,
+                 extra_engines: Mapping[str, EngineConfig] | None = None) -> list[float]:
     """One GPU request per engine replica with every deployment at its minimum replica count (a
-    deployment of ``r`` replicas needs ``r`` placements, not one of ``r`` times the size)."""
+    deployment of ``r`` replicas needs ``r`` placements, not one of ``r`` times the size);
+    ``extra_engines`` as :func:`build_app` takes them (old engines kept while an update drains)."""
     return [cfg.gpu_request(share_gpu=args.engine.share_gpu)
-            for key, cfg in table.distinct_configs().items()
+            for key, cfg in _engines(table, extra_engines).items()
             for _ in range(_min_replicas(scaling_for(args, table, key)))]
 
 
-def resources_needed(args: AppArgs, table: RoutingTable) -> dict[str, float]:
+def resources_needed(args: AppArgs, table: RoutingTable,
+                     extra_engines: Mapping[str, EngineConfig] | None = None) -> dict[str, float]:
     """GPUs and CPUs the app reserves with every deployment at its minimum replica count, summed
     (what fits GPUs is :func:`check_resources`'s question)."""
     cpus = args.router.num_cpus * args.router.num_replicas + sum(
-        args.engine.num_cpus * _min_replicas(scaling_for(args, table, key)) for key in table.distinct_configs())
-    return {"GPU": round(sum(gpu_requests(args, table)), 4), "CPU": round(cpus, 4)}
+        args.engine.num_cpus * _min_replicas(scaling_for(args, table, key)) for key in _engines(table, extra_engines))
+    return {"GPU": round(sum(gpu_requests(args, table, extra_engines)), 4), "CPU": round(cpus, 4)}
 
 
-def check_resources(args: AppArgs, table: RoutingTable, cluster: Mapping[str, float]) -> None:
+def check_resources(args: AppArgs, table: RoutingTable, cluster: Mapping[str, float], *,
+                    draining: Mapping[str, EngineConfig] | None = None) -> None:
     """Refuse an app that the cluster (``ray.cluster_resources()``) cannot place with every deployment
     at its minimum replica count: Serve would leave such a replica pending for ever, without a word.
 
     GPUs are checked by placement (``orchestrator.config.gpus_needed``), not by sum: shared replicas
     of 0.6 GPU each sum to 1.8 but take 3 GPUs, since a replica's share cannot span two GPUs. CPUs
-    are divisible, so their sum is the check. Raises :class:`ConfigError`.
+    are divisible, so their sum is the check. ``draining``: the running app's engines that an update
+    removes; they keep serving beside the new ones until the router has switched, so an update must
+    fit both at that peak (a new engine that cannot be placed would hang the update's first step).
+    Raises :class:`ConfigError`.
     """
-    need = resources_needed(args, table)
+    need = resources_needed(args, table, draining)
     have_gpus = float(cluster.get("GPU", 0.0))
-    placed = gpus_needed(gpu_requests(args, table))
+    placed = gpus_needed(gpu_requests(args, table, draining))
     if placed > have_gpus + 1e-9:
+        if draining:
+            raise ConfigError(
+                f"updating keeps the running engines {sorted(draining)} serving beside the new ones until the "
+                f"router switches: at that peak the app reserves {need['GPU']:g} GPUs ({placed} once placed) "
+                f"but the Ray cluster has {have_gpus:g}: add GPUs for the update, or delete the running app "
+                "first (serve.delete / `serve shutdown`) and accept the downtime"
+            )
         shareable = any(c.tp == 1 and c.backend is not Backend.SIM for c in table.distinct_configs().values())
         raise ConfigError(
             f"the app reserves {need['GPU']:g} GPUs with every deployment at its minimum replica count"
@@ -301,8 +319,9 @@ def check_resources(args: AppArgs, table: RoutingTable, cluster: Mapping[str, fl
     have_cpus = float(cluster.get("CPU", 0.0))
     if need["CPU"] > have_cpus + 1e-9:
         raise ConfigError(
-            f"the app reserves {need['CPU']:g} CPUs with every deployment at its minimum replica count but the "
-            f"Ray cluster has {have_cpus:g}: add nodes or lower replica counts (--scale)"
+            f"the app reserves {need['CPU']:g} CPUs with every deployment at its minimum replica count"
+            + (" while an update drains the old engines" if draining else "")
+            + f" but the Ray cluster has {have_cpus:g}: add nodes or lower replica counts (--scale)"
         )
 
 
