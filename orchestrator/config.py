@@ -52,7 +52,7 @@ _GPU_UNITS = 10_000
 in these integer units is exact where float sums are not (0.7 + 0.2 + 0.1 != 1.0)."""
 
 
-def gpus_needed(requests: Iterable[float]) -> int:
+def gpus_needed(requests: Iterable[float], *, placed_first: Iterable[float] = ()) -> int:
     """How many GPUs of capacity 1 hold these GPU requests, one per engine replica
     (:meth:`EngineConfig.gpu_request`); the requests fit ``N`` GPUs iff this is ``<= N``.
 
@@ -64,7 +64,19 @@ def gpus_needed(requests: Iterable[float]) -> int:
     request into a GPU with room as the replicas come, in no set order, which on awkward mixes can
     take more GPUs than FFD: a check before deploying, not a guarantee. Node boundaries
     are not modelled (a tp=2 request needs both GPUs on one node): ``N`` GPUs are one pool.
+
+    ``placed_first``: requests already running (an update's old engines). They are packed first, FFD
+    standing in for where they sit, and ``requests`` go into the room they leave: a new replica cannot
+    use the better packing that moving a running one would allow.
     """
+    whole_first, first = _split_units(placed_first)
+    whole, fractions = _split_units(requests)
+    free = _first_fit_decreasing(fractions, _first_fit_decreasing(first, []))
+    return whole_first + whole + len(free)
+
+
+def _split_units(requests: Iterable[float]) -> tuple[int, list[int]]:
+    """(whole GPUs, fractional requests in Ray's 1/10,000 units) of GPU requests, validated."""
     whole = 0
     fractions: list[int] = []
     for r in requests:
@@ -77,7 +89,12 @@ def gpus_needed(requests: Iterable[float]) -> int:
             whole += units // _GPU_UNITS
         elif units:
             fractions.append(units)
-    free: list[int] = []  # units left on each GPU opened for fractional requests
+    return whole, fractions
+
+
+def _first_fit_decreasing(fractions: list[int], free: list[int]) -> list[int]:
+    """``free`` (units left on each GPU opened for fractional requests) after placing ``fractions``."""
+    free = list(free)
     for units in sorted(fractions, reverse=True):
         for i, left in enumerate(free):
             if units <= left:
@@ -85,7 +102,7 @@ def gpus_needed(requests: Iterable[float]) -> int:
                 break
         else:
             free.append(_GPU_UNITS - units)
-    return whole + len(free)
+    return free
 
 
 class Backend(str, enum.Enum):

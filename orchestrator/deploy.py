@@ -91,7 +91,7 @@ def deploy(
 
     import ray
 
-    from orchestrator.serve.app import AppArgs, build_app, check_resources, load_table, router_spec
+    from orchestrator.serve.app import AppArgs, RunningEngine, build_app, check_resources, load_table, router_spec
     from orchestrator.serve.router import RouterSpec
     from tuning.routing import parse
 
@@ -110,8 +110,10 @@ def deploy(
     old_engines = parse(old_router.table_json).distinct_configs()
     added = sorted(set(new_engines) - set(old_engines))
     removed = sorted(set(old_engines) - set(new_engines))
-    if added:  # old and new engines overlap until the switch: that peak must fit too
-        check_resources(args, table, ray.cluster_resources(), draining={k: old_engines[k] for k in removed})
+    if added:  # the running engines keep their GPUs until the switch: the new ones must fit beside them
+        counts = _running_replicas(app_name)
+        check_resources(args, table, ray.cluster_resources(),
+                        running={k: RunningEngine(c, counts.get(k, 1)) for k, c in old_engines.items()})
     steps: list[str] = []
     if added:
         logger.info("step 1/3: starting engines %s behind the running router", added)
@@ -127,6 +129,22 @@ def deploy(
         serve.run(build_app(args, table=table), name=app_name, route_prefix=route_prefix)
         steps.append("remove")
     return DeployResult(app_name, table.version, tuple(sorted(new_engines)), tuple(steps), tuple(added), tuple(removed))
+
+
+def _running_replicas(app_name: str) -> dict[str, int]:
+    """Replicas of each deployment of ``app_name`` that hold resources now (any state but stopped:
+    a starting or stopping replica has its GPUs too); empty when Serve cannot say."""
+    from ray import serve
+
+    try:
+        app = serve.status().applications.get(app_name)
+    except Exception as e:  # noqa: BLE001 - the check then counts one replica per engine
+        logger.warning("could not read the running app's replica counts (%r)", e)
+        return {}
+    if app is None:
+        return {}
+    return {name: sum(n for state, n in d.replica_states.items() if str(getattr(state, "value", state)) != "STOPPED")
+            for name, d in app.deployments.items()}
 
 
 def _running_router_spec(app_name: str) -> dict[str, Any] | None:

@@ -284,6 +284,22 @@ def test_a_lease_is_renewed_while_its_holder_measures(ray_local):
     assert ray_local.get(lease.try_acquire.remote(["n:0"], "other"))
 
 
+def test_a_renewal_never_takes_back_a_released_or_lapsed_hold():
+    """A renewal that arrives after the release (or after a stall past the ttl) extends nothing."""
+    lease = GpuLease(ttl_s=0.2)  # the plain class: the rules, without an actor
+    assert lease.try_acquire(["n:0"], "a", STARTUP)
+    assert lease.renew(["n:0"], "a", STARTUP)
+    lease.release(["n:0"], "a", STARTUP)
+    assert not lease.renew(["n:0"], "a", STARTUP) and lease.holders() == {}
+    assert lease.try_acquire(["n:0"], "m")  # measure
+    time.sleep(0.3)  # lapsed
+    assert not lease.renew(["n:0"], "m") and lease.holders() == {} and lease.waiting() == {}
+    assert not lease.renew(["n:0"], "m", STARTUP)  # a hold of the other mode is not extended either
+    assert lease.try_acquire(["n:0", "n:1"], "b", STARTUP)
+    assert not lease.renew(["n:0", "n:2"], "b", STARTUP)  # one of them was never held
+    assert lease.holders() == {"n:0": {"b": STARTUP}, "n:1": {"b": STARTUP}}
+
+
 def test_measure_config_starts_under_the_startup_guard_and_measures_under_the_other(monkeypatch, tmp_path):
     """Start-up guarded until ready (or failed), measurement guarded after; never both at once."""
     import orchestrator.engine

@@ -170,6 +170,16 @@ def test_no_router_replica_urls_without_direct_ingress(cluster: Cluster):
     assert {t["port"] for g in details["target_groups"] for t in g["targets"]} == {int(cluster.base.rsplit(":", 1)[1])}
 
 
+def test_an_update_counts_the_replicas_that_run_now(cluster: Cluster):
+    """What deploy's update check reads from Serve: every running deployment with its live replicas."""
+    from orchestrator.deploy import _running_replicas
+
+    counts = _running_replicas(APP)
+    assert counts.get("router", 0) >= 1
+    assert all(counts.get(cfg.key(), 0) >= 1 for cfg in (NOSPEC, MTP3)), counts
+    assert _running_replicas("no-such-app") == {}
+
+
 def test_bad_requests_and_api_keys_get_openai_errors(cluster: Cluster):
     url = cluster.base + "/v1/chat/completions"
     auth = {"authorization": f"Bearer {API_KEY}", "content-type": "application/json"}

@@ -241,18 +241,27 @@ def test_serve_gpus_flag_reaches_the_spec_the_choice_and_a_resume(tmp_path):
         table.buckets[0], table.buckets[1].model_copy(update={"config": C.to_dict()}))}), plain)
 
 
-def test_an_update_must_fit_old_and_new_engines_side_by_side(tmp_path, write_table):
-    """Until the router switches, the engines an update removes still serve beside the new ones."""
-    from orchestrator.serve.app import check_resources, gpu_requests
+def test_an_update_must_place_its_new_engines_beside_the_running_ones(tmp_path, write_table):
+    """Until the router switches, the running engines keep their GPUs; the new ones go where room is left."""
+    from orchestrator.serve.app import RunningEngine, check_resources
 
-    old = {c.key(): c for c in (_mtp(1, 0.5), _mtp(2, 0.5))}  # 0.6 GPU each when shared
     args, table = _app(write_table(tmp_path / "new.json", [_mtp(3, 0.5), _mtp(4, 0.5)]), engine={"share_gpu": True})
     cluster = {"GPU": 2, "CPU": 16}
-    check_resources(args, table, cluster)  # the new table alone fits 2 GPUs
-    assert sorted(gpu_requests(args, table, old)) == pytest.approx([0.6] * 4)
-    with pytest.raises(ConfigError, match=r"updating keeps the running engines .* at that peak .*\(4 once placed\)"
+    check_resources(args, table, cluster)  # the new table alone fits 2 GPUs (0.6 + 0.6 on two)
+    # 0.4 + 0.4 running on one GPU leave 0.2 there and one free GPU: only one new 0.6 replica fits.
+    running = {c.key(): RunningEngine(c) for c in (_mtp(1, 0.3), _mtp(2, 0.3))}
+    assert gpus_needed([0.6, 0.6, 0.4, 0.4]) == 2  # a packing from scratch would say it fits
+    with pytest.raises(ConfigError, match=r"updating starts the new engines .* running ones .* takes 3 GPUs"
                                           r" .*cluster has 2") as e:
-        check_resources(args, table, cluster, draining=old)
-    assert all(k in str(e.value) for k in old)
-    check_resources(args, table, {"GPU": 4, "CPU": 16}, draining=old)
-    check_resources(args, table, cluster, draining={})  # nothing removed: no extra peak
+        check_resources(args, table, cluster, running=running)
+    assert all(k in str(e.value) for k in running)
+    check_resources(args, table, {"GPU": 3, "CPU": 16}, running=running)
+    # Replicas autoscaled above the minimum hold GPUs too.
+    one = {_mtp(1, 0.3).key(): RunningEngine(_mtp(1, 0.3), replicas=1)}
+    check_resources(args, table, {"GPU": 2, "CPU": 16}, running=one)  # 0.4 | 0.6 + 0.6 -> GPU0: 0.4+0.6, GPU1: 0.6
+    with pytest.raises(ConfigError, match="takes 3 GPUs"):
+        check_resources(args, table, {"GPU": 2, "CPU": 16},
+                        running={k: RunningEngine(r.config, replicas=3) for k, r in one.items()})
+    # Engines kept from the old table are not started again: nothing new, nothing to place.
+    kept = {c.key(): RunningEngine(c) for c in (_mtp(3, 0.5), _mtp(4, 0.5))}
+    check_resources(args, table, cluster, running=kept)

@@ -46,7 +46,8 @@ def test_draft_knob_is_suggested_only_with_speculation():
 
 def test_sim_space_has_no_backend_knob():
     space = SearchSpace(engine="sim", model="intern-s2-preview-8xh200", tp=8)
-    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=0, multivariate=True, group=True,
+                                                                   n_startup_trials=4))
     for _ in range(20):
         t = study.ask()
         space(t)
@@ -94,16 +95,18 @@ def test_baselines_come_first_without_widening_the_searched_space():
     assert static.speculative and static.num_draft_tokens == 4 and static.memory_fraction == 0.8
     grid_keys = {cfg.key() for _, cfg in space.grid()}
     assert off.key() not in grid_keys and static.key() not in grid_keys
-    # In-space values are suggestions (TPE learns from the point); the rest are the point's constants.
-    suggested, fixed = space.split_point(space.points[1].params)
-    assert suggested == {"speculative": True, "max_batch_size": 256}
-    assert fixed == {"num_draft_tokens": 4, "memory_fraction": 0.8}
+    # A point outside the space is all constants (no score credited to its in-space values); a point
+    # inside it is all suggestions (TPE learns from it).
+    assert space.split_point(space.points[1].params) == ({}, dict(space.points[1].params))
+    inside = {"speculative": True, "num_draft_tokens": 2, "memory_fraction": 0.7, "max_batch_size": 256}
+    assert space.split_point(inside) == (inside, {})
 
 
 def test_searcher_never_proposes_a_baseline_value_outside_the_space():
     space = _lmdeploy(num_draft_tokens=(1, 2), memory_fraction=(0.15, 0.25, 0.35),
                       off_backends=("turbomind",)).with_baselines()
-    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=0, multivariate=True, group=True,
+                                                                   n_startup_trials=4))
     for p in space.points:
         suggested, fixed = space.split_point(p.params)
         study.enqueue_trial(suggested, user_attrs={"role": p.role, "extra_flags": [], "fixed": fixed})
@@ -122,6 +125,12 @@ def test_searcher_never_proposes_a_baseline_value_outside_the_space():
     assert {c.memory_fraction for c in searched} <= {0.15, 0.25, 0.35}
     assert {c.num_draft_tokens for c in searched if c.speculative} <= {1, 2}
     assert {c.backend for c in searched if not c.speculative} == {Backend.TURBOMIND}
+    assert study.trials[0].params == {} and study.trials[1].params == {}  # references, not TPE evidence
+    from optuna.search_space import _GroupDecomposedSearchSpace
+
+    groups = _GroupDecomposedSearchSpace().calculate(study).search_spaces
+    assert {"memory_fraction", "max_batch_size", "speculative"} <= set().union(*groups)
+    assert any({"memory_fraction", "speculative"} <= set(g) for g in groups)  # still modelled jointly
 
 
 def test_enqueued_point_keeps_role_and_extra_flags():

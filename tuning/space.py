@@ -23,8 +23,8 @@ Named points (the baselines, and test points that carry ``extra_flags`` such as 
 are enqueued into the Optuna study with ``user_attrs`` ``{"role": ..., "extra_flags": [...],
 "fixed": {...}}``; the define-by-run function returns those attributes as constants so they reach
 the trial's config. A named point's values that lie outside the space (say the static
-recommendation's memory fraction 0.8 when the user searches 0.15-0.35) are ``fixed`` constants
-rather than suggestions: the baselines are reference points, and widening the searched space to
+recommendation's memory fraction 0.8 when the user searches 0.15-0.35) make the whole point
+``fixed`` constants rather than suggestions: the baselines are reference points, and widening the searched space to
 hold them would make the searcher propose their values too (on a shared GPU a 0.8 trial runs alone).
 """
 from __future__ import annotations
@@ -221,9 +221,11 @@ class SearchSpace:
         return self.replace(points=(NamedPoint(ROLE_MTP_OFF, off), NamedPoint(ROLE_STATIC, static), *others))
 
     def split_point(self, params: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """A named point's params as (suggested, fixed): a knob the define-by-run function would
-        suggest for this point, with a value among its choices, is enqueued for the searcher (so TPE
-        learns from the point); anything else is a constant of the point, outside the searched space."""
+        """A named point's params as (suggested, fixed). A point inside the space is enqueued whole for
+        the searcher (TPE learns from it). A point with any value outside the space is all constants:
+        suggesting only its in-space values would credit a score measured at, say, memory fraction
+        0.8 to them, and a trial lacking a knob makes Optuna's group decomposition split the knobs
+        TPE models jointly; a trial with no parameters is left out of both."""
         suggested: dict[str, Any] = {}
         fixed: dict[str, Any] = {}
         spec = _as_bool(params.get("speculative", False))
@@ -241,7 +243,7 @@ class SearchSpace:
             else:
                 ok = False
             (suggested if ok else fixed)[name] = value
-        return suggested, fixed
+        return (suggested, fixed) if not fixed else ({}, dict(params))
 
     # ----- points -> configs ---------------------------------------------------------------------------
     def to_engine_config(self, params: Mapping[str, Any], *, extra_flags: Sequence[str] = ()) -> EngineConfig:

@@ -246,7 +246,8 @@ class GpuLease:
 
     Several GPUs are taken all or none in one call (an actor runs one call at a time), so two trials
     never each hold half of what the other needs. Every hold and waiting mark expires ``ttl_s`` after
-    it was last renewed (:func:`measure_lease` and :func:`startup_lease` renew in a thread), so a
+    it was last renewed (:func:`measure_lease` and :func:`startup_lease` renew in a thread; a renewal
+    only extends a live hold, never takes one back), so a
     trial that dies blocks a GPU for ``ttl_s`` at most, never for good.
     """
 
@@ -279,6 +280,22 @@ class GpuLease:
             for g in gpus:
                 self._waiting.setdefault(g, {})[holder] = (MEASURE, until)
         return False
+
+    def renew(self, gpus: Sequence[str], holder: str, mode: str = MEASURE) -> bool:
+        """Extend ``holder``'s live ``mode`` holds on ``gpus``; never grants one or marks a wait. A
+        renewal must not take back a hold that lapsed or was released (a late renewal after the
+        release, or one after a stall past ``ttl_s``, would otherwise hold a GPU nobody uses).
+        ``False`` when any of the holds is gone."""
+        now = time.monotonic()
+        self._expire(now)
+        alive = True
+        for g in gpus:
+            current = self._held.get(g, {}).get(holder)
+            if current is not None and current[0] == mode:
+                self._held[g][holder] = (mode, now + self._ttl_s)
+            else:
+                alive = False
+        return alive
 
     def release(self, gpus: Sequence[str], holder: str, mode: str = MEASURE) -> None:
         """Give back ``holder``'s ``mode`` holds on ``gpus`` (and, for a measurement, its waiting)."""
@@ -354,8 +371,8 @@ def _lease(lease: Any, gpus: Sequence[str], holder: str, mode: str, *, poll_s: f
         def renew() -> None:
             while not stop.wait(renew_s):
                 try:
-                    if not ray.get(lease.try_acquire.remote(gpus, holder, mode)):
-                        logger.warning("%s lease of %s on %s lapsed (renewal refused)", mode, holder, gpus)
+                    if not ray.get(lease.renew.remote(gpus, holder, mode)):
+                        logger.warning("%s lease of %s on %s lapsed before its renewal", mode, holder, gpus)
                 except Exception:  # noqa: BLE001 - the sweep is ending; the lease expires by itself
                     return
 

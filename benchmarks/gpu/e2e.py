@@ -167,10 +167,8 @@ def sweep_cmd(a: argparse.Namespace, run_dir: Path, *, sweep_id: str, num_trials
         cmd += ["--sim-profile", SIM_PROFILE, "--sim-time-scale", "5"]
     else:
         cmd += ["--model", a.ckpt, "--backends", "pytorch", "--session-len", str(a.session_len)]
-        if share:
-            cmd += ["--share-gpu"]
-        if a.serve_gpus:
-            cmd += ["--serve-gpus", str(a.serve_gpus)]
+        if share:  # the budget is meant for shared engines (without sharing each tp=1 engine takes a GPU)
+            cmd += ["--share-gpu"] + (["--serve-gpus", str(a.serve_gpus)] if a.serve_gpus else [])
     return cmd
 
 
@@ -607,15 +605,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--two-gpu-trials", type=int, default=2)
     p.add_argument("--mixed-repeats", type=int, default=3, help="serve: runs of the mixed workload per deployment")
     p.add_argument("--serve-gpus", type=int, default=None,
-                   help="pass --serve-gpus N to the sweeps (commit a table that fits N GPUs; e.g. 1 to serve "
-                        "the one-GPU sweep's table on that GPU)")
+                   help="pass --serve-gpus N to the shared-GPU sweep (commit a table that fits N GPUs; e.g. 1 "
+                        "to serve the one-GPU sweep's table on that GPU)")
     p.add_argument("--draft-tokens", default="1,2,3,4")
     p.add_argument("--memory-fractions", default="0.15,0.25,0.35")
     p.add_argument("--max-batch-size", type=int, default=64)
     p.add_argument("--session-len", type=int, default=4096)
     p.add_argument("--time-budget-s", type=float, default=300)
     p.add_argument("--deadline-s", type=float, default=560)
-    p.add_argument("--num-cpus", type=int, default=max(2, (os.cpu_count() or 2) - 2))
+    p.add_argument("--num-cpus", type=int, default=max(2, len(os.sched_getaffinity(0)) - 2),
+                   help="Ray's logical CPUs (default: the CPUs this process may use, e.g. under taskset, minus 2)")
     a = p.parse_args(argv)
     Path(a.out).mkdir(parents=True, exist_ok=True)
     Path(a.work).mkdir(parents=True, exist_ok=True)

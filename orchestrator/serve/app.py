@@ -25,6 +25,7 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,6 +42,7 @@ __all__ = [
     "AppArgs",
     "EngineOptions",
     "RouterOptions",
+    "RunningEngine",
     "ScalingSpec",
     "app_builder",
     "build_app",
@@ -261,52 +263,48 @@ def _min_replicas(spec: ScalingSpec) -> int:
     return max(1, int(opts.get("num_replicas") or opts.get("autoscaling_config", {}).get("min_replicas", 1)))
 
 
-def _engines(table: RoutingTable, extra_engines: Mapping[str, EngineConfig] | None) -> dict[str, EngineConfig]:
-    return {**(extra_engines or {}), **table.distinct_configs()}
-
-
-def gpu_requests(args: AppArgs, table: RoutingTable,
-                 extra_engines: Mapping[str, EngineConfig] | None = None) -> list[float]:
+def gpu_requests(args: AppArgs, table: RoutingTable) -> list[float]:
     """One GPU request per engine replica with every deployment at its minimum replica count (a
-    deployment of ``r`` replicas needs ``r`` placements, not one of ``r`` times the size);
-    ``extra_engines`` as :func:`build_app` takes them (old engines kept while an update drains)."""
+    deployment of ``r`` replicas needs ``r`` placements, not one of ``r`` times the size)."""
     return [cfg.gpu_request(share_gpu=args.engine.share_gpu)
-            for key, cfg in _engines(table, extra_engines).items()
+            for key, cfg in table.distinct_configs().items()
             for _ in range(_min_replicas(scaling_for(args, table, key)))]
 
 
-def resources_needed(args: AppArgs, table: RoutingTable,
-                     extra_engines: Mapping[str, EngineConfig] | None = None) -> dict[str, float]:
+def resources_needed(args: AppArgs, table: RoutingTable) -> dict[str, float]:
     """GPUs and CPUs the app reserves with every deployment at its minimum replica count, summed
     (what fits GPUs is :func:`check_resources`'s question)."""
     cpus = args.router.num_cpus * args.router.num_replicas + sum(
-        args.engine.num_cpus * _min_replicas(scaling_for(args, table, key)) for key in _engines(table, extra_engines))
-    return {"GPU": round(sum(gpu_requests(args, table, extra_engines)), 4), "CPU": round(cpus, 4)}
+        args.engine.num_cpus * _min_replicas(scaling_for(args, table, key)) for key in table.distinct_configs())
+    return {"GPU": round(sum(gpu_requests(args, table)), 4), "CPU": round(cpus, 4)}
+
+
+@dataclass(frozen=True)
+class RunningEngine:
+    """An engine deployment of the app being updated, as it runs now (its replicas hold their GPUs)."""
+
+    config: EngineConfig
+    replicas: int = 1
 
 
 def check_resources(args: AppArgs, table: RoutingTable, cluster: Mapping[str, float], *,
-                    draining: Mapping[str, EngineConfig] | None = None) -> None:
+                    running: Mapping[str, RunningEngine] | None = None) -> None:
     """Refuse an app that the cluster (``ray.cluster_resources()``) cannot place with every deployment
     at its minimum replica count: Serve would leave such a replica pending for ever, without a word.
 
     GPUs are checked by placement (``orchestrator.config.gpus_needed``), not by sum: shared replicas
     of 0.6 GPU each sum to 1.8 but take 3 GPUs, since a replica's share cannot span two GPUs. CPUs
-    are divisible, so their sum is the check. ``draining``: the running app's engines that an update
-    removes; they keep serving beside the new ones until the router has switched, so an update must
-    fit both at that peak (a new engine that cannot be placed would hang the update's first step).
+    are divisible, so their sum is the check.
+
+    ``running``: the engines of the app an update replaces, by deployment name. They keep their GPUs
+    until the router has switched, so the update's first step must place the table's *new* engines
+    in the room the running ones leave (a replica that cannot be placed would hang that step).
     Raises :class:`ConfigError`.
     """
-    need = resources_needed(args, table, draining)
+    need = resources_needed(args, table)
     have_gpus = float(cluster.get("GPU", 0.0))
-    placed = gpus_needed(gpu_requests(args, table, draining))
+    placed = gpus_needed(gpu_requests(args, table))
     if placed > have_gpus + 1e-9:
-        if draining:
-            raise ConfigError(
-                f"updating keeps the running engines {sorted(draining)} serving beside the new ones until the "
-                f"router switches: at that peak the app reserves {need['GPU']:g} GPUs ({placed} once placed) "
-                f"but the Ray cluster has {have_gpus:g}: add GPUs for the update, or delete the running app "
-                "first (serve.delete / `serve shutdown`) and accept the downtime"
-            )
         shareable = any(c.tp == 1 and c.backend is not Backend.SIM for c in table.distinct_configs().values())
         raise ConfigError(
             f"the app reserves {need['GPU']:g} GPUs with every deployment at its minimum replica count"
@@ -319,9 +317,29 @@ def check_resources(args: AppArgs, table: RoutingTable, cluster: Mapping[str, fl
     have_cpus = float(cluster.get("CPU", 0.0))
     if need["CPU"] > have_cpus + 1e-9:
         raise ConfigError(
-            f"the app reserves {need['CPU']:g} CPUs with every deployment at its minimum replica count"
-            + (" while an update drains the old engines" if draining else "")
-            + f" but the Ray cluster has {have_cpus:g}: add nodes or lower replica counts (--scale)"
+            f"the app reserves {need['CPU']:g} CPUs with every deployment at its minimum replica count but the "
+            f"Ray cluster has {have_cpus:g}: add nodes or lower replica counts (--scale)"
+        )
+    added = {k: c for k, c in table.distinct_configs().items() if k not in (running or {})}
+    if not running or not added:
+        return
+    share = args.engine.share_gpu
+    now = [r.config.gpu_request(share_gpu=share) for r in running.values() for _ in range(max(1, r.replicas))]
+    new = [c.gpu_request(share_gpu=share) for k, c in added.items()
+           for _ in range(_min_replicas(scaling_for(args, table, k)))]
+    peak = gpus_needed(new, placed_first=now)
+    if peak > have_gpus + 1e-9:
+        raise ConfigError(
+            f"updating starts the new engines {sorted(added)} while the running ones {sorted(running)} keep their "
+            f"GPUs until the router switches: that takes {peak} GPUs once placed but the Ray cluster has "
+            f"{have_gpus:g}: add GPUs for the update, or delete the running app first (serve.delete / "
+            "`serve shutdown`) and accept the downtime"
+        )
+    peak_cpus = args.router.num_cpus * args.router.num_replicas + args.engine.num_cpus * (len(now) + len(new))
+    if peak_cpus > have_cpus + 1e-9:
+        raise ConfigError(
+            f"updating runs old and new engines side by side until the router switches: {peak_cpus:g} CPUs at "
+            f"that peak but the Ray cluster has {have_cpus:g}: add nodes or delete the running app first"
         )
 
 
