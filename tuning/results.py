@@ -59,7 +59,7 @@ FIGURE_COLUMNS = (
     "ttft_ms_mean", "ttft_ms_median", "ttft_ms_p99", "tpot_ms_mean", "tpot_ms_median", "tpot_ms_p99",
     "itl_ms_mean", "itl_ms_median", "itl_ms_p99", "e2e_ms_mean", "e2e_ms_median", "e2e_ms_p99",
     "accept_length", "completed", "failed_requests", "duration_s", "early_stopped", "simulated", "time_scale",
-    "started_at", "finished_at",
+    "started_at", "finished_at", "output_throughput_repeats", "output_throughput_spread",
 )
 ROW_COLUMNS = (
     "sweep_id", "trial_id", "role", "status", "failure_reason", "cached", "bucket", "max_output_len",
@@ -109,6 +109,12 @@ def figure_columns(bench: Mapping[str, Any]) -> dict[str, Any]:
               "started_at", "finished_at"):
         out[k] = bench.get(k)
     out["failed_requests"] = bench.get("failed")
+    # Repeated runs on one engine (``--repeats``): every run's throughput, and their spread
+    # (max - min) / median, so noise is read next to the figure it qualifies.
+    reps = [float(x) for x in bench.get("repeat_output_throughputs") or () if x is not None]
+    out["output_throughput_repeats"] = ";".join(f"{x:.1f}" for x in reps) if reps else None
+    mid = sorted(reps)[len(reps) // 2] if reps else 0.0
+    out["output_throughput_spread"] = round((max(reps) - min(reps)) / mid, 4) if len(reps) > 1 and mid > 0 else None
     for lat in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
         stats = bench.get(lat) or {}
         for s in ("mean", "median", "p99"):

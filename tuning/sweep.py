@@ -139,6 +139,8 @@ class SweepSpec:
     serve_gpus: int | None = None
     """GPUs the committed table must be servable on (one replica per engine, sharing per
     ``share_gpu``); ``None``: no limit. Decides only the choice, never what is measured."""
+    repeats: int = 1
+    """Runs of each bucket on the same engine; the lower-median run is kept, all runs are recorded."""
 
     def __post_init__(self) -> None:
         if self.share_gpu and self.space.tp != 1:
@@ -148,6 +150,8 @@ class SweepSpec:
         if self.serve_gpus is not None and not self.simulated and self.serve_gpus < self.space.tp:
             # Found out only after the whole sweep otherwise.
             raise ConfigError(f"serve_gpus={self.serve_gpus} cannot hold even one engine of tp={self.space.tp}")
+        if not isinstance(self.repeats, int) or self.repeats < 1:
+            raise ConfigError(f"repeats={self.repeats!r} must be a whole number >= 1")
         if self.objective not in ("scalar", "multi"):
             raise ConfigError(f"objective={self.objective!r} is invalid; allowed: 'scalar', 'multi'")
         if self.max_concurrent_trials < 1:
@@ -173,7 +177,7 @@ class SweepSpec:
             "constraints": self.constraints.to_dict(), "routing_table": self.routing_table,
             "ready_timeout_s": self.ready_timeout_s, "request_timeout_s": self.request_timeout_s,
             "tokenizer": self.tokenizer, "n_startup_trials": self.n_startup_trials,
-            "share_gpu": self.share_gpu, "serve_gpus": self.serve_gpus,
+            "share_gpu": self.share_gpu, "serve_gpus": self.serve_gpus, "repeats": self.repeats,
         }
 
     @classmethod
@@ -193,6 +197,7 @@ class SweepSpec:
             cache_namespace=cache_namespace, ready_timeout_s=self.ready_timeout_s,
             request_timeout_s=self.request_timeout_s, tokenizer=self.tokenizer,
             measure_lease_actor=self.measure_lease_name() if self.share_gpu else None,
+            repeats=self.repeats,
         )
 
     def gpu_budget(self) -> GpuBudget | None:
@@ -801,6 +806,7 @@ def build_spec(args: argparse.Namespace, defaults: Mapping[str, Any] | None = No
         ready_timeout_s=float(sweep_cfg.get("ready_timeout_s", 900.0)),
         share_gpu=bool(args.share_gpu) and not simulated,
         serve_gpus=args.serve_gpus if args.serve_gpus is not None else sweep_cfg.get("serve_gpus"),
+        repeats=args.repeats if args.repeats is not None else int(sweep_cfg.get("repeats", 1)),
     )
 
 
@@ -851,6 +857,9 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--warmup-requests", type=int, help="requests sent to each bucket's engine before measuring, "
                    f"not counted (default {GPU_WARMUP_REQUESTS} with --model: a fresh LMDeploy engine's first batches "
                    "pay one-time kernel set-up; 0 on the simulator)")
+    w.add_argument("--repeats", type=int, metavar="R", help="runs of each bucket on the same engine (default 1); "
+                   "the lower-median run counts, every run's throughput and their spread go to results.csv "
+                   "(tells run-to-run noise from engine-to-engine differences)")
     w.add_argument("--no-early-stop", action="store_true", help="run every request to completion (no "
                    "steady-state early stop)")
     r = p.add_argument_group("search and budgets")

@@ -64,6 +64,7 @@ class TrialContext:
         measure_lease_actor: name of the sweep's :class:`GpuLease` actor when engines share GPUs
             (start-ups side by side, each measurement alone); ``None``: each trial owns its GPUs,
             starts its engine at once and measures whenever it is ready.
+        repeats: runs of each bucket x load level on the same engine (see :func:`measure_config`).
     """
 
     sweep_id: str
@@ -79,6 +80,7 @@ class TrialContext:
     request_timeout_s: float = 3600.0
     tokenizer: str | None = None
     measure_lease_actor: str | None = None
+    repeats: int = 1
 
 
 def measure_config(
@@ -95,6 +97,7 @@ def measure_config(
     tokenizer: Any = None,
     startup_guard: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
     measure_guard: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+    repeats: int = 1,
 ) -> tuple[dict[tuple[str, int], dict[str, Any]], str, float | None]:
     """Start one engine, run every bucket x load level against it, stop it.
 
@@ -103,6 +106,11 @@ def measure_config(
     start side by side, measure one at a time, never while a neighbour starts). The two are never
     held together, so a trial waiting for one never holds the other. ``startup_s`` counts from the
     engine's start, not from the wait for ``startup_guard``.
+
+    ``repeats`` > 1 runs each bucket x load level that many times back to back on the same engine
+    and keeps the run of median throughput (:func:`representative_run`), with every run's
+    throughput beside it: on real GPUs short runs vary, and repeats on one engine tell run-to-run
+    noise apart from engine-to-engine differences (another start of the same config).
 
     Returns ``(measurements, failure, startup_s)``: ``BenchResult`` dicts by (bucket, concurrency),
     the reason the engine failed ('' if it did not), and the engine's start-up time in seconds.
@@ -130,7 +138,8 @@ def measure_config(
         with measure_guard() if measure_guard is not None else contextlib.nullcontext():
             failure = _measure_buckets(engine, config, buckets, rule=rule, measurements=measurements,
                                        steady_state_min_output_len=steady_state_min_output_len,
-                                       request_timeout_s=request_timeout_s, tokenizer=tokenizer)
+                                       request_timeout_s=request_timeout_s, tokenizer=tokenizer,
+                                       repeats=repeats)
         return measurements, failure, startup_s
     finally:
         engine.stop()
@@ -138,20 +147,22 @@ def measure_config(
 
 def _measure_buckets(engine: Any, config: EngineConfig, buckets: Sequence[Bucket], *, rule: Any,
                      measurements: dict[tuple[str, int], dict[str, Any]], steady_state_min_output_len: int,
-                     request_timeout_s: float, tokenizer: Any) -> str:
-    """Every bucket x load level against the ready ``engine`` into ``measurements``; returns the
-    failure reason ('' when all ran)."""
+                     request_timeout_s: float, tokenizer: Any, repeats: int = 1) -> str:
+    """Every bucket x load level (``repeats`` runs each) against the ready ``engine`` into
+    ``measurements``; returns the failure reason ('' when all ran)."""
     from tuning.bench import benchmark
 
     for b in buckets:
         for c in b.concurrency_levels:
             bucket_rule = rule if b.max_output_len >= steady_state_min_output_len else None
             try:
-                result = benchmark(engine.base_url, b.workload_at(c), engine_config=config,
-                                   steady_state=bucket_rule, request_timeout_s=request_timeout_s,
-                                   tokenizer=tokenizer)
-                measurements[(b.name, c)] = result.to_dict()
-                engine.check_health()
+                runs = []
+                for _ in range(max(1, repeats)):
+                    runs.append(benchmark(engine.base_url, b.workload_at(c), engine_config=config,
+                                          steady_state=bucket_rule, request_timeout_s=request_timeout_s,
+                                          tokenizer=tokenizer).to_dict())
+                    engine.check_health()
+                measurements[(b.name, c)] = representative_run(runs)
             except EngineError as e:
                 return _reason(f"engine failed during bucket {b.name} (concurrency {c})", e)
             except OrchestratorError as e:  # bench could not run at all (server unreachable...)
@@ -159,6 +170,19 @@ def _measure_buckets(engine: Any, config: EngineConfig, buckets: Sequence[Bucket
                     return _reason(f"engine died during bucket {b.name}", e)
                 return _reason(f"benchmark of bucket {b.name} failed", e)
     return ""
+
+
+def representative_run(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The run that stands for repeated runs of one bucket: one with failed requests if any (a config
+    must not win on its good runs), else the lower median by output throughput (with two runs, the
+    slower: a table should not pick a config on its luckier run). Carries every run's throughput in
+    run order as ``repeat_output_throughputs``."""
+    if len(runs) == 1:
+        return dict(runs[0])
+    failed = [r for r in runs if int(r.get("failed") or 0) > 0]
+    ranked = sorted(runs, key=lambda r: float(r.get("output_throughput") or 0.0))
+    chosen = failed[0] if failed else ranked[(len(ranked) - 1) // 2]
+    return {**chosen, "repeat_output_throughputs": [r.get("output_throughput") for r in runs]}
 
 
 def _reason(prefix: str, e: BaseException, limit: int = 1500) -> str:
@@ -449,7 +473,7 @@ def run_trial(trial_config: dict[str, Any], context: TrialContext) -> None:
             steady_state=context.steady_state, steady_state_min_output_len=context.steady_state_min_output_len,
             ready_timeout_s=context.ready_timeout_s, request_timeout_s=context.request_timeout_s,
             tokenizer=_load_tokenizer(context.tokenizer), startup_guard=startup_guard,
-            measure_guard=measure_guard,
+            measure_guard=measure_guard, repeats=context.repeats,
         )
         rows = rows_for_trial(sweep_id=context.sweep_id, trial_id=trial_id, role=role, config=config,
                               buckets=buckets, measurements=measurements, failure=failure,

@@ -162,7 +162,8 @@ def sweep_cmd(a: argparse.Namespace, run_dir: Path, *, sweep_id: str, num_trials
            "--concurrency", str(a.concurrency), "--num-prompts", str(a.num_prompts),
            "--num-trials", str(num_trials), "--time-budget-s", str(time_budget_s),
            "--speculative", "false,true", "--num-draft-tokens", a.draft_tokens,
-           "--memory-fraction", a.memory_fractions, "--max-batch-size", str(a.max_batch_size), "--seed", "0"]
+           "--memory-fraction", a.memory_fractions, "--max-batch-size", str(a.max_batch_size), "--seed", "0",
+           "--repeats", str(a.repeats)]
     if a.sim:
         cmd += ["--sim-profile", SIM_PROFILE, "--sim-time-scale", "5"]
     else:
@@ -604,6 +605,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--num-trials", type=int, default=8)
     p.add_argument("--two-gpu-trials", type=int, default=2)
     p.add_argument("--mixed-repeats", type=int, default=3, help="serve: runs of the mixed workload per deployment")
+    p.add_argument("--repeats", type=int, default=2,
+                   help="sweeps: runs of each bucket per engine (run to run vs engine to engine noise)")
     p.add_argument("--serve-gpus", type=int, default=None,
                    help="pass --serve-gpus N to the shared-GPU sweep (commit a table that fits N GPUs; e.g. 1 "
                         "to serve the one-GPU sweep's table on that GPU)")
