@@ -68,3 +68,42 @@ def test_repeats_flag_reaches_the_trials_and_old_runs_still_load(tmp_path):
     assert build_spec(_parser().parse_args(argv), cluster_gpus=0).repeats == 1  # default
     with pytest.raises(ConfigError, match="repeats"):
         build_spec(_parser().parse_args([*argv, "--repeats", "0"]), cluster_gpus=0)
+
+
+# ----- a trial restarted after its result was recorded ------------------------------------------------
+def test_a_reported_trial_is_kept_in_the_run_dir(tmp_path):
+    from tuning.trial import _save_reported, reported_metrics
+
+    assert reported_metrics(tmp_path, "t1") is None
+    metrics = {"score": 8.5, "tput_le256": 4961.4, "status": "ok", "rows": [{"bucket": "le256", "x": None}]}
+    _save_reported(tmp_path, "t1", metrics)
+    assert reported_metrics(tmp_path, "t1") == metrics
+    (tmp_path / "trial-results" / "t2.json").write_text("{truncated")
+    assert reported_metrics(tmp_path, "t2") is None  # not a report: the trial runs
+
+
+def test_the_searcher_is_not_told_twice_about_a_trial_the_study_has_finished(tmp_path):
+    """Optuna commits at once, Tune's experiment state every few seconds: a resumed sweep can restart
+    a trial whose Optuna trial is finished. Re-reporting it must not crash the sweep."""
+    import optuna
+    from ray.tune.search.optuna import OptunaSearch
+
+    from tuning.space import SearchSpace
+    from tuning.sweep import _make_searchers, write_budget
+
+    space = SearchSpace(engine="sim", model="intern-s2-preview-8xh200", tp=8, memory_fraction=(0.8,),
+                        max_batch_size=(64,))
+    study_storage = optuna.storages.InMemoryStorage()
+    inner = OptunaSearch(space=space, metric="score", mode="max", storage=study_storage, study_name="s",
+                         sampler=optuna.samplers.RandomSampler(seed=0))
+    write_budget(tmp_path, num_trials=4, time_budget_s=None)
+    BudgetedSearch, _ = _make_searchers()
+    searcher = BudgetedSearch(inner, str(tmp_path / "budget.json"), space)
+    config = searcher.suggest("t1")
+    assert config is not None and "speculative" in config
+    inner._ot_study.tell(inner._ot_trials["t1"], 1.0)  # recorded before the driver died
+    result = {"score": 1.0, "engine_key": "k", "training_iteration": 1}  # as Tune passes it
+    searcher.on_trial_result("t1", result)
+    searcher.on_trial_complete("t1", result)
+    assert [t.state for t in inner._ot_study.trials] == [optuna.trial.TrialState.COMPLETE]
+    assert searcher.known == {"k": {"score": 1.0}}

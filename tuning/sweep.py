@@ -321,14 +321,27 @@ def _make_searchers() -> tuple[type, type]:
             return None  # unreachable
 
         def on_trial_result(self, trial_id: str, result: dict) -> None:
-            self.searcher.on_trial_result(trial_id, result)
+            self._tell_inner(self.searcher.on_trial_result, trial_id, result)
 
         def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
             self.running.pop(trial_id, None)
             if result and result.get("engine_key") and not error:
                 keep = {k: v for k, v in result.items() if k == "score" or k.startswith("tput_")}
                 self.known.setdefault(result["engine_key"], keep)
-            self.searcher.on_trial_complete(trial_id, result=result, error=error)
+            self._tell_inner(self.searcher.on_trial_complete, trial_id, result=result, error=error)
+
+        @staticmethod
+        def _tell_inner(fn: Any, trial_id: str, *args: Any, **kwargs: Any) -> None:
+            """The Optuna study commits a trial's result at once, Tune's experiment state only every
+            few seconds: a driver killed in between leaves a trial that Tune restarts on resume
+            while its Optuna trial is already finished. That trial re-reports its saved result
+            (:func:`tuning.trial.reported_metrics`); the study has it already, so it is not told twice."""
+            from optuna.exceptions import UpdateFinishedTrialError
+
+            try:
+                fn(trial_id, *args, **kwargs)
+            except UpdateFinishedTrialError:
+                logger.info("trial %s: its result was recorded before the restart; not told again", trial_id)
 
         def set_search_properties(self, metric: Any, mode: Any, config: dict, **spec: Any) -> bool:
             return self.searcher.set_search_properties(metric, mode, config, **spec)

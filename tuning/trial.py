@@ -427,12 +427,22 @@ def run_trial(trial_config: dict[str, Any], context: TrialContext) -> None:
     trial_id = tune.get_context().get_trial_id() or "local"
     role = str(trial_config.get("role") or ROLE_SEARCH)
     buckets = context.buckets
+    earlier = reported_metrics(context.run_dir, trial_id)
+    if earlier is not None:
+        # A resumed sweep restarts a trial whose result reached the run dir (and the Optuna study)
+        # before the driver died but not Tune's experiment state: report it again, measure nothing.
+        tune.report(earlier)
+        return
+
+    def report(metrics: dict[str, Any]) -> None:
+        _save_reported(context.run_dir, trial_id, metrics)
+        tune.report(metrics)
     try:
         config = context.space.config_from_trial_config(trial_config)
     except ConfigError as e:
         rows = failed_rows(sweep_id=context.sweep_id, trial_id=trial_id, role=role, config=None,
                            buckets=buckets, reason=f"invalid config: {e}")
-        tune.report(trial_metrics(rows, buckets, status=STATUS_FAILED, failure=str(e), role=role, config=None,
+        report(trial_metrics(rows, buckets, status=STATUS_FAILED, failure=str(e), role=role, config=None,
                                   cached=False, engine_started=False))
         return
 
@@ -450,7 +460,7 @@ def run_trial(trial_config: dict[str, Any], context: TrialContext) -> None:
                 rows = _cached_copy(cached_rows or [], trial_id=trial_id, role=role)
                 failure = next((r["failure_reason"] for r in rows if r.get("failure_reason")), "")
                 status = STATUS_OK if any(r["status"] == STATUS_OK for r in rows) else STATUS_FAILED
-                tune.report(trial_metrics(rows, buckets, status=status, failure=failure, role=role, config=config,
+                report(trial_metrics(rows, buckets, status=status, failure=failure, role=role, config=config,
                                           cached=True, engine_started=False))
                 return
             if verdict == "run":
@@ -493,8 +503,30 @@ def run_trial(trial_config: dict[str, Any], context: TrialContext) -> None:
     status = STATUS_OK if any_ok and not failure else STATUS_FAILED
     if not failure and not any_ok:
         failure = next((r["failure_reason"] for r in rows if r.get("failure_reason")), "no bucket succeeded")
-    tune.report(trial_metrics(rows, buckets, status=status, failure=failure, role=role, config=config,
+    report(trial_metrics(rows, buckets, status=status, failure=failure, role=role, config=config,
                               cached=False, engine_started=True))
+
+
+REPORTED_DIR = "trial-results"
+
+
+def reported_metrics(run_dir: str | Path, trial_id: str) -> dict[str, Any] | None:
+    """What trial ``trial_id`` reported, if it got that far (``None`` otherwise)."""
+    try:
+        return json.loads((Path(run_dir) / REPORTED_DIR / f"{trial_id}.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _save_reported(run_dir: str | Path, trial_id: str, metrics: Mapping[str, Any]) -> None:
+    """Keep a trial's report in the run dir (atomically) before handing it to Tune: the driver can
+    die after the searcher recorded it but before Tune's experiment state did, and a resumed sweep
+    must then re-report it, not measure it again (:func:`reported_metrics`)."""
+    d = Path(run_dir) / REPORTED_DIR
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".{trial_id}.json.tmp"
+    tmp.write_text(json.dumps(metrics, default=str))
+    tmp.replace(d / f"{trial_id}.json")
 
 
 def _load_tokenizer(path: str | None) -> Any:
