@@ -226,8 +226,10 @@ class SearchSpace:
         suggesting only its in-space values would credit a score measured at, say, memory fraction
         0.8 to them, and a trial lacking a knob makes Optuna's group decomposition split the knobs
         TPE models jointly; a trial with no parameters is left out of both."""
-        suggested: dict[str, Any] = {}
-        fixed: dict[str, Any] = {}
+        return (dict(params), {}) if self._contains(params) else ({}, dict(params))
+
+    def _contains(self, params: Mapping[str, Any]) -> bool:
+        """Is every value of ``params`` one the define-by-run function could suggest for this point?"""
         spec = _as_bool(params.get("speculative", False))
         for name, value in params.items():
             if name == "speculative":
@@ -242,8 +244,9 @@ class SearchSpace:
                 ok = int(value) in self.max_batch_size
             else:
                 ok = False
-            (suggested if ok else fixed)[name] = value
-        return (suggested, fixed) if not fixed else ({}, dict(params))
+            if not ok:
+                return False
+        return True
 
     # ----- points -> configs ---------------------------------------------------------------------------
     def to_engine_config(self, params: Mapping[str, Any], *, extra_flags: Sequence[str] = ()) -> EngineConfig:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -263,11 +263,12 @@ def _min_replicas(spec: ScalingSpec) -> int:
     return max(1, int(opts.get("num_replicas") or opts.get("autoscaling_config", {}).get("min_replicas", 1)))
 
 
-def gpu_requests(args: AppArgs, table: RoutingTable) -> list[float]:
+def gpu_requests(args: AppArgs, table: RoutingTable, keys: Collection[str] | None = None) -> list[float]:
     """One GPU request per engine replica with every deployment at its minimum replica count (a
-    deployment of ``r`` replicas needs ``r`` placements, not one of ``r`` times the size)."""
+    deployment of ``r`` replicas needs ``r`` placements, not one of ``r`` times the size); only the
+    engines named in ``keys`` when given."""
     return [cfg.gpu_request(share_gpu=args.engine.share_gpu)
-            for key, cfg in table.distinct_configs().items()
+            for key, cfg in table.distinct_configs().items() if keys is None or key in keys
             for _ in range(_min_replicas(scaling_for(args, table, key)))]
 
 
@@ -320,17 +321,16 @@ def check_resources(args: AppArgs, table: RoutingTable, cluster: Mapping[str, fl
             f"the app reserves {need['CPU']:g} CPUs with every deployment at its minimum replica count but the "
             f"Ray cluster has {have_cpus:g}: add nodes or lower replica counts (--scale)"
         )
-    added = {k: c for k, c in table.distinct_configs().items() if k not in (running or {})}
+    added = sorted(k for k in table.distinct_configs() if k not in (running or {}))
     if not running or not added:
         return
-    share = args.engine.share_gpu
-    now = [r.config.gpu_request(share_gpu=share) for r in running.values() for _ in range(max(1, r.replicas))]
-    new = [c.gpu_request(share_gpu=share) for k, c in added.items()
-           for _ in range(_min_replicas(scaling_for(args, table, k)))]
+    now = [r.config.gpu_request(share_gpu=args.engine.share_gpu)
+           for r in running.values() for _ in range(max(1, r.replicas))]
+    new = gpu_requests(args, table, keys=added)
     peak = gpus_needed(new, placed_first=now)
     if peak > have_gpus + 1e-9:
         raise ConfigError(
-            f"updating starts the new engines {sorted(added)} while the running ones {sorted(running)} keep their "
+            f"updating starts the new engines {added} while the running ones {sorted(running)} keep their "
             f"GPUs until the router switches: that takes {peak} GPUs once placed but the Ray cluster has "
             f"{have_gpus:g}: add GPUs for the update, or delete the running app first (serve.delete / "
             "`serve shutdown`) and accept the downtime"
