@@ -267,14 +267,14 @@ def serve_config(args: Any, *, app_name: str = DEFAULT_APP_NAME, route_prefix: s
 
 def write_serve_config(path: str | Path, args: Any, **kwargs: Any) -> dict[str, Any]:
     config = serve_config(args, **kwargs)
+    from tuning.routing import atomic_write_text
+
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.tmp")
-    tmp.write_text(
+    atomic_write_text(p, (
         "# Written by python -m orchestrator.deploy; `serve deploy` this file. The routing table is pinned by\n"
         "# sha256: after committing a new table, write this file again.\n" + yaml.safe_dump(config, sort_keys=False)
-    )
-    tmp.replace(p)
+    ))
     return config
 
 

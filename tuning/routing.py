@@ -40,6 +40,7 @@ __all__ = [
     "Provenance",
     "RoutingTable",
     "RoutingTableError",
+    "atomic_write_text",
     "commit",
     "gpus_for_engines",
     "load",
@@ -285,8 +286,8 @@ def commit(table: RoutingTable | Mapping[str, Any], path: str | os.PathLike[str]
         p.parent.mkdir(parents=True, exist_ok=True)
         hist = history_dir(p)
         hist.mkdir(parents=True, exist_ok=True)
-        _atomic_write(hist / f"v{final.version}.json", text)
-        _atomic_write(p, text)
+        atomic_write_text(hist / f"v{final.version}.json", text)
+        atomic_write_text(p, text)
     except OSError as e:
         raise RoutingTableError(f"could not write routing table {p}: {e}; the previous table is unchanged") from None
     return final
@@ -304,7 +305,10 @@ def _max_history_version(p: Path) -> int:
     return max(versions, default=0)
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that readers see the old file or the new one, never a part:
+    a unique temp file in the same folder, flushed to disk, then ``os.replace``."""
+    path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

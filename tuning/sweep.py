@@ -80,7 +80,7 @@ from tuning.results import (
     summary_rows,
     write_results,
 )
-from tuning.routing import GpuBudget, Provenance, RoutingTable, RoutingTableError
+from tuning.routing import GpuBudget, Provenance, RoutingTable, RoutingTableError, atomic_write_text
 from tuning.space import ROLE_SEARCH, SearchSpace, load_space_file
 from tuning.trial import GpuLease, ResultCache, TrialContext, metric_name, run_trial
 
@@ -240,10 +240,7 @@ def write_budget(run_dir: str | Path, *, num_trials: int | None, time_budget_s: 
     budget = {"num_trials": num_trials,
               "deadline": (time.time() + time_budget_s) if time_budget_s else None,
               "time_budget_s": time_budget_s, "written_at": time.time()}
-    p = Path(run_dir) / "budget.json"
-    tmp = p.with_name(".budget.json.tmp")
-    tmp.write_text(json.dumps(budget, indent=2))
-    tmp.replace(p)
+    atomic_write_text(Path(run_dir) / "budget.json", json.dumps(budget, indent=2))
     return budget
 
 

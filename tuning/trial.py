@@ -522,11 +522,11 @@ def _save_reported(run_dir: str | Path, trial_id: str, metrics: Mapping[str, Any
     """Keep a trial's report in the run dir (atomically) before handing it to Tune: the driver can
     die after the searcher recorded it but before Tune's experiment state did, and a resumed sweep
     must then re-report it, not measure it again (:func:`reported_metrics`)."""
+    from tuning.routing import atomic_write_text
+
     d = Path(run_dir) / REPORTED_DIR
     d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f".{trial_id}.json.tmp"
-    tmp.write_text(json.dumps(metrics, default=str))
-    tmp.replace(d / f"{trial_id}.json")
+    atomic_write_text(d / f"{trial_id}.json", json.dumps(metrics, default=str))
 
 
 def _load_tokenizer(path: str | None) -> Any:
