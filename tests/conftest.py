@@ -55,3 +55,15 @@ def write_table():
         return path
 
     return write
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    """A checkpoint folder just real enough for the sweep's CLI to accept ``--model`` (its config
+    names the model type); nothing loads weights from it."""
+    import json
+
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "qwen3_5"}))
+    return d

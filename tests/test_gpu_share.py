@@ -4,11 +4,9 @@ actors and threads)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
@@ -28,15 +26,8 @@ def test_gpu_request_is_tp_unless_a_tp1_engine_shares():
     assert EngineConfig(backend="sim", model="p", tp=8).gpu_request(share_gpu=True) == 0
 
 
-def _model_dir(tmp_path: Path) -> Path:
-    d = tmp_path / "ckpt"
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps({"model_type": "qwen3_5"}))
-    return d
-
-
-def test_shared_sweep_reserves_each_trials_fraction_and_runs_as_many_as_fit(tmp_path):
-    args = _parser().parse_args(["--model", str(_model_dir(tmp_path)), "--tp", "1", "--share-gpu",
+def test_shared_sweep_reserves_each_trials_fraction_and_runs_as_many_as_fit(tmp_path, model_dir):
+    args = _parser().parse_args(["--model", str(model_dir), "--tp", "1", "--share-gpu",
                                  "--memory-fraction", "0.2,0.3", "--run-dir", str(tmp_path / "r")])
     spec = build_spec(args, cluster_gpus=1)
     assert spec.share_gpu
@@ -57,8 +48,8 @@ def test_shared_sweep_reserves_each_trials_fraction_and_runs_as_many_as_fit(tmp_
     assert gpu_of({"speculative": "maybe"}) == 1
 
 
-def test_share_gpu_is_refused_for_tp_above_one(tmp_path):
-    args = _parser().parse_args(["--model", str(_model_dir(tmp_path)), "--tp", "2", "--share-gpu",
+def test_share_gpu_is_refused_for_tp_above_one(tmp_path, model_dir):
+    args = _parser().parse_args(["--model", str(model_dir), "--tp", "2", "--share-gpu",
                                  "--run-dir", str(tmp_path / "r")])
     with pytest.raises(ConfigError, match="tp=1"):
         build_spec(args, cluster_gpus=2)
@@ -89,7 +80,7 @@ def test_measurement_lease_lets_one_trial_per_gpu_measure(ray_local):
         t.start()
     for t in threads:
         t.join(timeout=30)
-    (a0, a1), (b0, b1), (c0, _c1) = intervals["a"], intervals["b"], intervals["c"]
+    (a0, a1), (b0, b1), (c0, _) = intervals["a"], intervals["b"], intervals["c"]
     assert a1 <= b0 or b1 <= a0, "two trials measured on one GPU at the same time"
     first_end = min(a1, b1)
     assert c0 < first_end, "a trial on another GPU waited for GPU 0's lease"

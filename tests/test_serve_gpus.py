@@ -203,17 +203,10 @@ def test_load_variants_that_do_not_fit_are_replaced_or_dropped_and_said_so():
 
 
 # ----- the sweep's flag ----------------------------------------------------------------------------------
-def _model_dir(tmp_path: Path) -> Path:
-    d = tmp_path / "ckpt"
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps({"model_type": "qwen3_5"}))
-    return d
-
-
-def test_serve_gpus_flag_reaches_the_spec_the_choice_and_a_resume(tmp_path):
+def test_serve_gpus_flag_reaches_the_spec_the_choice_and_a_resume(tmp_path, model_dir):
     from tuning.sweep import SweepSpec, _parser, build_spec, resumed_spec, serving_line
 
-    model = str(_model_dir(tmp_path))
+    model = str(model_dir)
     args = _parser().parse_args(["--model", model, "--tp", "1", "--share-gpu", "--serve-gpus", "1",
                                  "--run-dir", str(tmp_path / "r")])
     spec = build_spec(args, cluster_gpus=1)
