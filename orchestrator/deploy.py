@@ -99,21 +99,20 @@ def deploy(
     table = load_table(args)
     build_app(args, table=table)  # validates every option; builds no actors
     new_engines = table.distinct_configs()
-    check_resources(args, table, ray.cluster_resources())  # before anything on the cluster changes
-
     old_spec = _running_router_spec(app_name)
-    if old_spec is None:
+    old_router = RouterSpec.from_dict(old_spec) if old_spec is not None else None
+    old_engines = parse(old_router.table_json).distinct_configs() if old_router is not None else {}
+    # Before anything on the cluster changes; an update's running engines keep their GPUs until the
+    # switch, so the new ones must fit beside them.
+    counts = _running_replicas(app_name) if old_engines else {}
+    check_resources(args, table, ray.cluster_resources(),
+                    running={k: RunningEngine(c, counts.get(k, 1)) for k, c in old_engines.items()})
+    if old_router is None:
         serve.run(build_app(args, table=table), name=app_name, route_prefix=route_prefix)
         return DeployResult(app_name, table.version, tuple(sorted(new_engines)), ("run",), tuple(sorted(new_engines)))
 
-    old_router = RouterSpec.from_dict(old_spec)
-    old_engines = parse(old_router.table_json).distinct_configs()
     added = sorted(set(new_engines) - set(old_engines))
     removed = sorted(set(old_engines) - set(new_engines))
-    if added:  # the running engines keep their GPUs until the switch: the new ones must fit beside them
-        counts = _running_replicas(app_name)
-        check_resources(args, table, ray.cluster_resources(),
-                        running={k: RunningEngine(c, counts.get(k, 1)) for k, c in old_engines.items()})
     steps: list[str] = []
     if added:
         logger.info("step 1/3: starting engines %s behind the running router", added)
