@@ -292,7 +292,8 @@ def test_a_renewal_never_takes_back_a_released_or_lapsed_hold():
 
 
 def test_measure_config_starts_under_the_startup_guard_and_measures_under_the_other(monkeypatch, tmp_path):
-    """Start-up guarded until ready (or failed), measurement guarded after; never both at once."""
+    """Start-up guarded until ready (or failed), measurement guarded after; never both at once. The
+    engine stops inside the measurement's hold, so no neighbour measures or starts beside its teardown."""
     import orchestrator.engine
     from orchestrator.errors import EngineError
     from tuning.trial import measure_config
@@ -313,8 +314,9 @@ def test_measure_config_starts_under_the_startup_guard_and_measures_under_the_ot
                 raise EngineError("out of memory")
             events.append("ready")
 
-        def stop(self) -> None:
-            events.append("stop")
+        def stop(self) -> None:  # idempotent, like EngineProcess.stop
+            if "stop" not in events:
+                events.append("stop")
 
     @contextlib.contextmanager
     def guard(name: str):
@@ -330,7 +332,7 @@ def test_measure_config_starts_under_the_startup_guard_and_measures_under_the_ot
                   measure_guard=lambda: guard("measure"))
     _, failure, startup_s = measure_config(cfg, [], **kwargs)
     assert failure == "" and startup_s is not None
-    assert events == ["startup-enter", "start", "ready", "startup-exit", "measure-enter", "measure-exit", "stop"]
+    assert events == ["startup-enter", "start", "ready", "startup-exit", "measure-enter", "stop", "measure-exit"]
 
     events.clear()
     FakeEngine.fail = True

@@ -140,6 +140,10 @@ def measure_config(
                                        steady_state_min_output_len=steady_state_min_output_len,
                                        request_timeout_s=request_timeout_s, tokenizer=tokenizer,
                                        repeats=repeats)
+            # Stopped inside the exclusive hold: a neighbour's measurement never overlaps this
+            # engine's teardown, and a neighbour's start-up (which sizes its KV cache from the GPU
+            # memory free at that moment) sees this engine's memory already released.
+            engine.stop()
         return measurements, failure, startup_s
     finally:
         engine.stop()

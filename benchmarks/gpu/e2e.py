@@ -522,12 +522,17 @@ def phase_serve(a: argparse.Namespace) -> dict[str, Any]:
         out["static_pick"] = pick
         if cfg is None:
             return out
+        if set(table.distinct_configs()) == {cfg.key()}:
+            # The tuned table is one engine of the best single config: the deployment just measured
+            # *is* the static one, so the ratio is 1 by construction (no second deploy of it).
+            out["static_is_the_tuned_table"] = True
+            out["mixed_static_1"] = out["mixed_tuned"]
         st_path = static_table(table, cfg, Path(a.work) / "static_table.json")
         # The fair comparison first: the best single config on as many engines as the tuned table
         # had (same GPU share, same engine count), then the same config as one engine.
-        for name, scale in ((f"static_{n_engines}", f"default={n_engines}" if n_engines > 1 else None),
-                            ("static_1", None)):
-            if name in out or time.monotonic() - T0 > a.deadline_s - 150:
+        for name, scale in dict.fromkeys(((f"static_{n_engines}", f"default={n_engines}" if n_engines > 1 else None),
+                                          ("static_1", None))):
+            if f"mixed_{name}" in out or time.monotonic() - T0 > a.deadline_s - 150:
                 continue
             out[f"deploy_{name}"] = deploy(st_path, a, share=share, scale=scale)
             if out[f"deploy_{name}"]["rc"] == 0:
