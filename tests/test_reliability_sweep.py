@@ -196,8 +196,20 @@ def _kill_all(pids: list[int]) -> None:
             pass
 
 
-@pytest.mark.slow  # ~45-70 s on 2 busy cores; in the default run (< 90 s)
-def test_sigkilled_sweep_resumes_without_losing_or_rerunning_trials(tmp_path):
+def _reported(run_dir: Path) -> set[str]:
+    """Trials whose report reached the run dir (it lands there before Tune's own record of it)."""
+    return {p.stem for p in (run_dir / "trial-results").glob("*.json")}
+
+
+def _unreported_engines(run_dir: Path) -> dict[int, str]:
+    """Live engines of trials that have not reported (an engine logs under engine-logs/<trial id>/)."""
+    done = _reported(run_dir)
+    return {pid: log for pid, log in engines_logging_under(run_dir).items() if Path(log).parent.name not in done}
+
+
+def _sweep_killed_mid_trial(tmp_path: Path) -> tuple[Path, dict[str, str], str, set[str], dict[str, dict]]:
+    """A CLI sweep (budget 4, one trial at a time) SIGKILLed while a third trial's engine is up.
+    Returns (run dir, env, env marker, trials finished before the kill, their Tune results)."""
     run_dir = tmp_path / "killed"
     space_file = tmp_path / "space.yaml"
     space_file.write_text("speculative: [false, true]\nnum_draft_tokens: [1, 2, 3, 4]\nmemory_fraction: [0.8]\n"
@@ -212,13 +224,14 @@ def test_sigkilled_sweep_resumes_without_losing_or_rerunning_trials(tmp_path):
                             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 240
-        # Kill while a third trial's engine is up: two results to keep, one trial to lose.
+        # Kill while the engine of a trial that has not reported yet is up, after two results:
+        # results to keep, one trial to lose.
         while proc.poll() is None and time.monotonic() < deadline and not (
-                len(_finished_trials(run_dir)) >= 2 and engines_logging_under(run_dir)):
+                len(_finished_trials(run_dir)) >= 2 and _unreported_engines(run_dir)):
             time.sleep(0.2)
         assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
         assert len(_finished_trials(run_dir)) >= 2, "no two trials finished within 240 s"
-        running_engines = engines_logging_under(run_dir)
+        running_engines = _unreported_engines(run_dir)
         assert running_engines, "no trial was running when the sweep was killed"
         os.kill(proc.pid, signal.SIGKILL)  # the sweep driver only; Ray and the engines are its orphans
         proc.wait(timeout=30)
@@ -241,6 +254,18 @@ def test_sigkilled_sweep_resumes_without_losing_or_rerunning_trials(tmp_path):
     strays = _procs_with_env_marker(marker)
     _kill_all(list(leftover_engines) + strays)  # whatever the assertion says, don't leak into other tests
     assert leftover_engines == {}, f"engines outlived the killed sweep: {leftover_engines}"
+    return run_dir, env, marker, finished_before, before
+
+
+@pytest.mark.slow  # ~45-70 s on 2 busy cores; in the default run (< 90 s)
+def test_sigkilled_sweep_resumes_without_losing_or_rerunning_trials(tmp_path):
+    run_dir, env, marker, finished_before, before = _sweep_killed_mid_trial(tmp_path)
+    # Without the live display the killed run's output still says how far it got: a line per trial
+    # started and one per trial finished, with its figures.
+    printed = (tmp_path / "first.log").read_text()
+    for trial_id in finished_before:
+        assert f"trial {trial_id} started (" in printed and f"trial {trial_id} ok" in printed, printed[-3000:]
+    assert "le256 " in printed and "output tok/s" in printed
 
     r = subprocess.run(_sweep_cmd(run_dir, "--resume", str(run_dir), "--num-trials", "4"), cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
@@ -264,6 +289,35 @@ def test_sigkilled_sweep_resumes_without_losing_or_rerunning_trials(tmp_path):
     assert routing.load(run_dir / "routing_table.json").provenance.sweep_id == "killed"
     assert wait_no_engines(run_dir) == {}
 
+
+@pytest.mark.slow  # ~45-70 s on 2 busy cores; in the default run (< 90 s)
+def test_a_resume_whose_budget_the_reported_trials_meet_ends_without_starting_an_engine(tmp_path):
+    """Lowering --num-trials to what was reported finishes the sweep now: the trial the kill cut
+    short is not restarted (on a GPU it would pay a 1-3 minute engine start), the reported trials'
+    rows stand, and the table is committed from them."""
+    run_dir, env, marker, _, before = _sweep_killed_mid_trial(tmp_path)
+    logs_before = set((run_dir / "engine-logs").rglob("*.log"))
+    reported = _reported(run_dir)
+
+    r = subprocess.run(_sweep_cmd(run_dir, "--resume", str(run_dir), "--num-trials", str(len(reported))),
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    _kill_all(_procs_with_env_marker(marker))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert set((run_dir / "engine-logs").rglob("*.log")) == logs_before, "the resume started an engine"
+
+    df = pd.read_parquet(run_dir / "results.parquet")
+    ok = df[df.status == "ok"]
+    assert set(ok.trial_id) == reported, df[["trial_id", "role", "status", "failure_reason"]]
+    for trial_id, result in before.items():
+        assert ok[ok.trial_id == trial_id].iloc[0].output_throughput == pytest.approx(result["tput_le256"])
+    # The interrupted trial is listed as what it is (if Tune's saved state knew it), never passed
+    # off as measured.
+    cut = df[~df.trial_id.isin(reported)]
+    assert len(cut) <= 1 and (cut.status == "failed").all(), df[["trial_id", "status"]]
+    assert cut.failure_reason.str.contains("reported nothing").all()
+    table = routing.load(run_dir / "routing_table.json")
+    assert table.provenance.sweep_id == "killed"
+    assert table.buckets[0].figures.output_throughput == pytest.approx(max(ok.output_throughput))
 
 # ----- outputs that cannot be written --------------------------------------------------------------------
 def _valid_table() -> dict:

@@ -82,7 +82,7 @@ from tuning.results import (
 )
 from tuning.routing import GpuBudget, Provenance, RoutingTable, RoutingTableError, atomic_write_text
 from tuning.space import ROLE_SEARCH, SearchSpace, load_space_file
-from tuning.trial import GpuLease, ResultCache, TrialContext, metric_name, run_trial
+from tuning.trial import REPORTED_DIR, GpuLease, ResultCache, TrialContext, metric_name, reported_metrics, run_trial
 
 __all__ = ["SweepSpec", "SweepOutcome", "SweepError", "run_sweep", "build_spec", "main", "load_defaults"]
 
@@ -440,7 +440,9 @@ def _build_search_alg(spec: SweepSpec) -> Any:
 
 # ----- progress (a Tune callback; the rich display is one implementation, never fatal) ----------------
 class SweepProgress:
-    """Live progress: trials done / running / failed and the best figure so far per bucket."""
+    """Progress: trials done / running / failed and the best figure so far per bucket — a live
+    table on a terminal, or (``live=False``: logs, CI, a device call's output) one line per trial
+    started and finished, so a sweep cut short still shows how far it got and how fast."""
 
     def __init__(self, buckets: Sequence[str], *, simulated: bool, live: bool = True) -> None:
         self.buckets = list(buckets)
@@ -480,8 +482,10 @@ class SweepProgress:
                 logger.exception("progress display failed to stop")
             self._display = None
 
-    def on_start(self, trial_id: str) -> None:
+    def on_start(self, trial_id: str, params: Mapping[str, Any] | None = None) -> None:
         self.running.add(trial_id)
+        shown = " ".join(f"{k}={v}" for k, v in sorted((params or {}).items()))
+        self._line(f"trial {trial_id} started ({shown or 'no params'}); {len(self.running)} running")
         self._refresh()
 
     def on_result(self, trial_id: str, result: Mapping[str, Any]) -> None:
@@ -495,13 +499,23 @@ class SweepProgress:
             v = float(result.get(metric_name(b)) or 0.0)
             if v > 0 and v > self.best.get(b, (0.0, ""))[0]:
                 self.best[b] = (v, str(result.get("engine_label") or ""))
+        figures = ", ".join(f"{b} {float(result.get(metric_name(b)) or 0.0):,.0f}" for b in self.buckets)
+        outcome = "cached" if result.get("cached") else str(result.get("status"))
+        reason = f": {str(result.get('failure_reason'))[:200]}" if result.get("failure_reason") else ""
+        self._line(f"trial {trial_id} {outcome}{reason} — {result.get('engine_label') or '?'}: {figures} "
+                   f"output tok/s; {self.done} done ({self.failed} failed), {len(self.running)} running")
         self._refresh()
 
     def on_error(self, trial_id: str) -> None:
         self.running.discard(trial_id)
         self.done += 1
         self.failed += 1
+        self._line(f"trial {trial_id} errored; {self.done} done ({self.failed} failed), {len(self.running)} running")
         self._refresh()
+
+    def _line(self, text: str) -> None:
+        if not self.live:
+            print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
     def _refresh(self) -> None:
         if self._display is not None:
@@ -536,7 +550,8 @@ def _make_callback(progress: SweepProgress) -> Any:
             self.progress.start()
 
         def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            self.progress.on_start(trial.trial_id)
+            self.progress.on_start(trial.trial_id, {k: v for k, v in (trial.config or {}).items()
+                                                    if isinstance(v, (str, int, float, bool))})
 
         def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
             self.progress.on_result(trial.trial_id, result)
@@ -603,13 +618,22 @@ def provenance_for(spec: SweepSpec) -> Provenance:
 
 # ----- results from Tune ---------------------------------------------------------------------------------
 def rows_from_result_grid(grid: Any, spec: SweepSpec) -> list[dict[str, Any]]:
+    """Every trial's rows: Tune's results, else the report the trial saved in the run dir (a driver
+    killed between the two), else failed rows saying it reported nothing. Reports of trials Tune's
+    restored state does not know at all (created after its last experiment checkpoint) are kept too."""
     rows: list[dict[str, Any]] = []
+    seen: set[str] = set()
     for res in grid:
         metrics = res.metrics or {}
+        trial_id = metrics.get("trial_id") or Path(str(res.path)).name.removeprefix("trial_")
+        seen.add(trial_id)
+        if not metrics.get("rows_json"):
+            # Reported in the run dir but not in Tune's state (the driver died in between, and the
+            # trial was not resumed): its report stands.
+            metrics = reported_metrics(spec.run_dir, trial_id) or metrics
         if metrics.get("rows_json"):
             rows.extend(json.loads(metrics["rows_json"]))
             continue
-        trial_id = metrics.get("trial_id") or Path(str(res.path)).name
         cfg = res.config or {}
         try:
             config = spec.space.config_from_trial_config(cfg)
@@ -618,6 +642,9 @@ def rows_from_result_grid(grid: Any, spec: SweepSpec) -> list[dict[str, Any]]:
         reason = f"trial errored: {res.error}" if res.error else "trial reported nothing (stopped or interrupted)"
         rows.extend(failed_rows(sweep_id=spec.sweep_id, trial_id=trial_id, role=str(cfg.get("role") or ROLE_SEARCH),
                                 config=config, buckets=spec.buckets, reason=reason[:1500]))
+    for path in sorted((Path(spec.run_dir) / REPORTED_DIR).glob("*.json")):
+        if path.stem not in seen and (saved := reported_metrics(spec.run_dir, path.stem)) and saved.get("rows_json"):
+            rows.extend(json.loads(saved["rows_json"]))
     return rows
 
 
@@ -673,12 +700,22 @@ def run_sweep(
     )
     progress = SweepProgress([b.name for b in spec.buckets], simulated=spec.simulated, live=live)
     try:
+        grid = None
         if resume:
             tuner = tune.Tuner.restore(str(exp_path), trainable=trainable, resume_unfinished=True,
                                        resume_errored=True)
-            # Seed the dedupe cache with what was measured before, so no config is started twice.
-            for key, rows in _cache_seed(rows_from_result_grid(tuner.get_results(), spec)).items():
-                ray.get(cache.put.remote(key, rows))
+            done = tuner.get_results()
+            reported = len(list((run_dir / REPORTED_DIR).glob("*.json")))
+            if num_trials is not None and reported >= num_trials:
+                # The reported trials meet the budget: the sweep ends with what was measured. The
+                # trials the interruption cut short are not restarted (each would pay an engine
+                # start); they are listed as interrupted.
+                logger.info("%d trials reported, budget %d: nothing left to run", reported, num_trials)
+                grid = done
+            else:
+                # Seed the dedupe cache with what was measured before, so no config is started twice.
+                for key, rows in _cache_seed(rows_from_result_grid(done, spec)).items():
+                    ray.get(cache.put.remote(key, rows))
         else:
             tuner = tune.Tuner(
                 trainable,
@@ -691,7 +728,8 @@ def run_sweep(
                     callbacks=[_make_callback(progress)],
                 ),
             )
-        grid = tuner.fit()
+        if grid is None:
+            grid = tuner.fit()
     finally:
         progress.stop()
         ray.kill(cache)
