@@ -315,6 +315,10 @@ def test_a_resume_whose_budget_the_reported_trials_meet_ends_without_starting_an
     cut = df[~df.trial_id.isin(reported)]
     assert len(cut) <= 1 and (cut.status == "failed").all(), df[["trial_id", "status"]]
     assert cut.failure_reason.str.contains("reported nothing").all()
+    for _, row in cut.iterrows():  # under its own config (Tune's params.json), not a default one
+        params = json.loads((run_dir / "tune" / f"trial_{row.trial_id}" / "params.json").read_text())
+        assert (bool(row.speculative), row.max_batch_size) == (params["speculative"], params["max_batch_size"]), row
+        assert row.num_draft_tokens == params.get("num_draft_tokens", 0), row
     table = routing.load(run_dir / "routing_table.json")
     assert table.provenance.sweep_id == "killed"
     assert table.buckets[0].figures.output_throughput == pytest.approx(max(ok.output_throughput))

@@ -155,3 +155,28 @@ def test_real_engines_are_warmed_up_before_each_bucket_is_measured(tmp_path):
     assert {b.workload.warmup_requests for b in gpu.buckets} == {GPU_WARMUP_REQUESTS}
     assert {b.workload.warmup_requests for b in sim.buckets} == {0}
     assert {b.workload.warmup_requests for b in flag.buckets} == {8}
+
+
+def test_the_tables_gpu_and_lmdeploy_version_come_from_the_rows_the_trials_measured(tmp_path):
+    """The driver can run where there is no GPU and no LMDeploy (``--address ray://...``, or a table
+    committed afterwards from a run dir): the provenance names the node the trials measured on."""
+    from tuning.sweep import _parser, build_spec, provenance_for
+
+    model = tmp_path / "ckpt"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    spec = build_spec(_parser().parse_args(["--model", str(model), "--tp", "1", "--run-dir", str(tmp_path / "r")]),
+                      cluster_gpus=1)
+    rows = pd.DataFrame([
+        {"status": "ok", "gpu_type": "NVIDIA H200", "lmdeploy_version": "0.18.0"},
+        {"status": "ok", "gpu_type": "NVIDIA H200", "lmdeploy_version": "0.18.0"},
+        {"status": "failed", "gpu_type": "NVIDIA A100", "lmdeploy_version": "0.17.0"},  # measured nothing
+    ])
+    measured = provenance_for(spec, rows)
+    assert (measured.gpu_type, measured.gpu_count) == ("NVIDIA H200", 1)
+    assert measured.engine_versions["lmdeploy"] == "0.18.0"
+    # Without such rows it can only say what this machine has.
+    from tuning.trial import detect_gpus
+
+    here = provenance_for(spec, pd.DataFrame([{"status": "ok", "output_throughput": 1.0}]))
+    assert here.gpu_type == detect_gpus()[0]

@@ -54,8 +54,6 @@ import json
 import logging
 import math
 import os
-import shutil
-import subprocess
 import sys
 import time
 import uuid
@@ -82,7 +80,16 @@ from tuning.results import (
 )
 from tuning.routing import GpuBudget, Provenance, RoutingTable, RoutingTableError, atomic_write_text
 from tuning.space import ROLE_SEARCH, SearchSpace, load_space_file
-from tuning.trial import REPORTED_DIR, GpuLease, ResultCache, TrialContext, metric_name, reported_metrics, run_trial
+from tuning.trial import (
+    REPORTED_DIR,
+    GpuLease,
+    ResultCache,
+    TrialContext,
+    detect_gpus,
+    metric_name,
+    reported_metrics,
+    run_trial,
+)
 
 __all__ = ["SweepSpec", "SweepOutcome", "SweepError", "run_sweep", "build_spec", "main", "load_defaults"]
 
@@ -566,26 +573,6 @@ def _make_callback(progress: SweepProgress) -> Any:
 
 
 # ----- provenance ------------------------------------------------------------------------------------
-def detect_gpus() -> tuple[str, int]:
-    """(GPU type, count) of this node: nvidia-smi, else torch, else none."""
-    if shutil.which("nvidia-smi"):
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                                 text=True, timeout=20, check=True).stdout.strip().splitlines()
-            if out:
-                return out[0].strip(), len(out)
-        except (OSError, subprocess.SubprocessError):
-            pass
-    try:
-        import torch  # type: ignore[import-not-found]
-
-        if torch.cuda.is_available():
-            return torch.cuda.get_device_name(0), torch.cuda.device_count()
-    except Exception:  # noqa: BLE001 - torch absent or broken: no GPU info
-        pass
-    return "none", 0
-
-
 def _versions(spec: SweepSpec) -> dict[str, str]:
     out = {}
     for pkg in (("lmdeploy",) if not spec.simulated else ()) + ("ray", "optuna", "mtp-autotune"):
@@ -598,14 +585,28 @@ def _versions(spec: SweepSpec) -> dict[str, str]:
     return out
 
 
-def provenance_for(spec: SweepSpec) -> Provenance:
+def _most_common(results: Any, column: str) -> str | None:
+    if results is None or column not in results.columns:
+        return None
+    values = results.loc[results["status"] == "ok", column].dropna().astype(str)
+    return values.mode().iloc[0] if len(values) else None
+
+
+def provenance_for(spec: SweepSpec, results: Any = None) -> Provenance:
+    """The table's provenance. The GPU and the LMDeploy version come from the rows the trials
+    measured (each trial records its own node's: the driver may run on a machine without GPUs or
+    LMDeploy, e.g. ``--address ray://...``); this process's are the fallback."""
+    versions = _versions(spec)
     if spec.simulated:
         gpu_type, gpu_count = "none (simulated)", 0
     else:
-        gpu_type, count = detect_gpus()
+        measured_on = _most_common(results, "gpu_type")
+        gpu_type, count = (measured_on, 1) if measured_on else detect_gpus()
         gpu_count = spec.space.tp if count else 0
+        if lmdeploy := _most_common(results, "lmdeploy_version"):
+            versions["lmdeploy"] = lmdeploy
     return Provenance(
-        model=spec.space.model, gpu_type=gpu_type, gpu_count=gpu_count, engine_versions=_versions(spec),
+        model=spec.space.model, gpu_type=gpu_type, gpu_count=gpu_count, engine_versions=versions,
         sweep_id=spec.sweep_id, created_at=routing.utc_now_iso(), simulated=spec.simulated,
         workload={"buckets": {b.name: {"workload": b.workload.to_dict(),
                                        "concurrency_levels": list(b.concurrency_levels)} for b in spec.buckets},
@@ -634,9 +635,10 @@ def rows_from_result_grid(grid: Any, spec: SweepSpec) -> list[dict[str, Any]]:
         if metrics.get("rows_json"):
             rows.extend(json.loads(metrics["rows_json"]))
             continue
-        cfg = res.config or {}
+        # A trial that reported nothing has no config in its Result: Tune's params.json has it.
+        cfg = res.config or _trial_params(res.path)
         try:
-            config = spec.space.config_from_trial_config(cfg)
+            config = spec.space.config_from_trial_config(cfg) if cfg else None
         except ConfigError:
             config = None
         reason = f"trial errored: {res.error}" if res.error else "trial reported nothing (stopped or interrupted)"
@@ -646,6 +648,13 @@ def rows_from_result_grid(grid: Any, spec: SweepSpec) -> list[dict[str, Any]]:
         if path.stem not in seen and (saved := reported_metrics(spec.run_dir, path.stem)) and saved.get("rows_json"):
             rows.extend(json.loads(saved["rows_json"]))
     return rows
+
+
+def _trial_params(trial_path: Any) -> dict[str, Any]:
+    try:
+        return json.loads((Path(str(trial_path)) / "params.json").read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def _cache_seed(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -742,7 +751,7 @@ def run_sweep(
     table = table_path = None
     error = None
     try:
-        table = pick_best(df, spec.buckets, spec.constraints, provenance=provenance_for(spec),
+        table = pick_best(df, spec.buckets, spec.constraints, provenance=provenance_for(spec, df),
                           budget=spec.gpu_budget())
         table_path = Path(spec.run_dir) / "routing_table.json"
         written = routing.commit(table, table_path)

@@ -17,6 +17,8 @@ import functools
 import json
 import logging
 import math
+import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -492,6 +494,9 @@ def run_trial(trial_config: dict[str, Any], context: TrialContext) -> None:
         rows = rows_for_trial(sweep_id=context.sweep_id, trial_id=trial_id, role=role, config=config,
                               buckets=buckets, measurements=measurements, failure=failure,
                               engine_startup_s=startup_s)
+        if gpus:
+            facts = measured_on()
+            rows = [{**r, **facts} for r in rows]
     except (OrchestratorError, OSError) as e:
         failure = _reason("trial failed", e)
         rows = failed_rows(sweep_id=context.sweep_id, trial_id=trial_id, role=role, config=config,
@@ -512,6 +517,38 @@ def run_trial(trial_config: dict[str, Any], context: TrialContext) -> None:
 
 
 REPORTED_DIR = "trial-results"
+
+
+def detect_gpus() -> tuple[str, int]:
+    """(GPU type, count) of this node: nvidia-smi, else torch, else none."""
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                 text=True, timeout=20, check=True).stdout.strip().splitlines()
+            if out:
+                return out[0].strip(), len(out)
+        except (OSError, subprocess.SubprocessError):
+            pass
+    try:
+        import torch  # type: ignore[import-not-found]
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(0), torch.cuda.device_count()
+    except Exception:  # noqa: BLE001 - torch absent or broken: no GPU info
+        pass
+    return "none", 0
+
+
+def measured_on() -> dict[str, str | None]:
+    """What a real engine was measured on, recorded in its rows by the trial (on the GPU node)."""
+    from importlib import metadata
+
+    try:
+        lmdeploy = metadata.version("lmdeploy")
+    except metadata.PackageNotFoundError:
+        lmdeploy = None
+    gpu_type, count = detect_gpus()
+    return {"gpu_type": gpu_type if count else None, "lmdeploy_version": lmdeploy}
 
 
 def reported_metrics(run_dir: str | Path, trial_id: str) -> dict[str, Any] | None:
