@@ -610,13 +610,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--num-trials", type=int, default=8)
     p.add_argument("--two-gpu-trials", type=int, default=2)
     p.add_argument("--mixed-repeats", type=int, default=3, help="serve: runs of the mixed workload per deployment")
-    p.add_argument("--repeats", type=int, default=2,
-                   help="sweeps: runs of each bucket per engine (run to run vs engine to engine noise)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="sweeps: runs of each bucket per engine (run 3 measured run-to-run noise with 2; with the "
+                        "clean lease, 2 no longer fit one call)")
     p.add_argument("--serve-gpus", type=int, default=None,
                    help="pass --serve-gpus N to the shared-GPU sweep (commit a table that fits N GPUs; e.g. 1 "
                         "to serve the one-GPU sweep's table on that GPU)")
     p.add_argument("--draft-tokens", default="1,2,3,4")
-    p.add_argument("--memory-fractions", default="0.15,0.25,0.35")
+    p.add_argument("--memory-fractions", default="0.05,0.1,0.15",
+                   help="searched fractions; small ones let 3-4 engines start per round on a shared GPU (0.05 of an "
+                        "H200 is ~7 GB of KV, far more than the test checkpoint uses)")
     p.add_argument("--max-batch-size", type=int, default=64)
     p.add_argument("--session-len", type=int, default=4096)
     p.add_argument("--time-budget-s", type=float, default=300)
