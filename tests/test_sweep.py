@@ -180,3 +180,30 @@ def test_the_tables_gpu_and_lmdeploy_version_come_from_the_rows_the_trials_measu
 
     here = provenance_for(spec, pd.DataFrame([{"status": "ok", "output_throughput": 1.0}]))
     assert here.gpu_type == detect_gpus()[0]
+
+
+def test_a_moved_run_dir_resumes_where_it_is_now(tmp_path):
+    """A run dir copied off the GPU machine (or moved) resumes in place: with the budget met the
+    table is committed there from the saved reports, and nothing is written to the old path."""
+    import shutil
+
+    from tuning.sweep import SweepError, resumed_spec
+
+    spec = _spec(tmp_path, _space(num_draft_tokens=(1, 2)), sweep_id="moved")
+    assert run_sweep(spec, num_trials=2, live=False).error is None
+    old, new = Path(spec.run_dir), tmp_path / "copied" / "moved"
+    shutil.copytree(old, new)
+    shutil.rmtree(old)
+    (new / "routing_table.json").unlink()
+
+    moved = resumed_spec(new)
+    assert Path(moved.run_dir) == new
+    # More trials need the searcher's study, which Tune restores from where it was made: refused clearly.
+    with pytest.raises(SweepError, match="moved from where it was made .* --num-trials 2"):
+        run_sweep(moved, num_trials=3, live=False, resume=True)
+    out = run_sweep(moved, num_trials=2, live=False, resume=True)
+    assert out.error is None, out.error
+    assert set(out.results.trial_id) == set(os.listdir(new / "engine-logs"))  # the two, none re-run
+    assert (out.results.status == "ok").all()
+    assert routing.load(new / "routing_table.json").provenance.sweep_id == "moved"
+    assert not old.exists()

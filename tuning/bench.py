@@ -71,7 +71,7 @@ import statistics
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -81,7 +81,7 @@ import numpy as np
 
 from orchestrator.errors import OrchestratorError
 from orchestrator.ports import host_boot_id
-from tuning.progress import BenchProgress, NullProgress, RichProgress, SafeProgress
+from tuning.progress import BenchProgress, RichProgress, SafeProgress
 from tuning.workload import RequestSpec, TokenCounter, Workload, build_requests, resolve_token_counter
 
 if TYPE_CHECKING:
@@ -1431,8 +1431,6 @@ async def _dispatch_all(
     finished = 0
 
     async def one(state: _RequestState) -> None:
-        nonlocal finished
-
         async def go() -> None:
             nonlocal finished
             hooks.on_slot(state)

@@ -710,21 +710,26 @@ def run_sweep(
     progress = SweepProgress([b.name for b in spec.buckets], simulated=spec.simulated, live=live)
     try:
         grid = None
-        if resume:
-            tuner = tune.Tuner.restore(str(exp_path), trainable=trainable, resume_unfinished=True,
-                                       resume_errored=True)
-            done = tuner.get_results()
-            reported = len(list((run_dir / REPORTED_DIR).glob("*.json")))
-            if num_trials is not None and reported >= num_trials:
-                # The reported trials meet the budget: the sweep ends with what was measured. The
-                # trials the interruption cut short are not restarted (each would pay an engine
-                # start); they are listed as interrupted.
-                logger.info("%d trials reported, budget %d: nothing left to run", reported, num_trials)
-                grid = done
-            else:
-                # Seed the dedupe cache with what was measured before, so no config is started twice.
-                for key, rows in _cache_seed(rows_from_result_grid(done, spec)).items():
-                    ray.get(cache.put.remote(key, rows))
+        reported = len(list((run_dir / REPORTED_DIR).glob("*.json")))
+        if resume and num_trials is not None and reported >= num_trials:
+            # The reported trials meet the budget: the sweep ends with what was measured. The trials
+            # the interruption cut short are not restarted (each would pay an engine start); they
+            # are listed as interrupted. Read from the saved experiment, not restored into a Tuner
+            # (that would also restore the searcher, whose study lives where the run dir was made).
+            logger.info("%d trials reported, budget %d: nothing left to run", reported, num_trials)
+            grid = tune.ResultGrid(tune.ExperimentAnalysis(str(exp_path)))
+        elif resume:
+            try:
+                tuner = tune.Tuner.restore(str(exp_path), trainable=trainable, resume_unfinished=True,
+                                           resume_errored=True)
+            except Exception as e:  # noqa: BLE001 - Tune/Optuna/SQLAlchemy errors alike
+                raise SweepError(
+                    f"cannot restore the sweep in {run_dir} ({type(e).__name__}: {str(e)[:300]}). A run dir "
+                    f"moved from where it was made can still commit its table from the {reported} reported "
+                    f"trials (--resume {run_dir} --num-trials {reported}), not run more") from e
+            # Seed the dedupe cache with what was measured before, so no config is started twice.
+            for key, rows in _cache_seed(rows_from_result_grid(tuner.get_results(), spec)).items():
+                ray.get(cache.put.remote(key, rows))
         else:
             tuner = tune.Tuner(
                 trainable,
@@ -868,13 +873,16 @@ def build_spec(args: argparse.Namespace, defaults: Mapping[str, Any] | None = No
 
 
 def resumed_spec(run_dir: str | Path, *, serve_gpus: int | None = None) -> SweepSpec:
-    """The spec saved in ``run_dir/sweep.json``; ``serve_gpus`` (when given) replaces its serving
-    budget, which decides only the choice from the results, so a resumed sweep may change it."""
+    """The spec saved in ``run_dir/sweep.json``, living in ``run_dir`` (a run dir copied off a
+    GPU machine or moved resumes where it is now, not where it was made); ``serve_gpus`` (when
+    given) replaces its serving budget, which decides only the choice from the results, so a
+    resumed sweep may change it."""
     spec_path = Path(run_dir) / "sweep.json"
     try:
         spec = SweepSpec.from_dict(json.loads(spec_path.read_text()))
     except (OSError, ValueError, KeyError) as e:
         raise SweepError(f"cannot resume from {run_dir}: {spec_path} is missing or invalid ({e})") from None
+    spec = dataclasses.replace(spec, run_dir=str(Path(run_dir)))
     return spec if serve_gpus is None else dataclasses.replace(spec, serve_gpus=serve_gpus)
 
 

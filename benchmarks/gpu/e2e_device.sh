@@ -5,7 +5,8 @@
 #   carry [".stage/e2"]: bash benchmarks/gpu/e2e_device.sh e2   # + starts training and LMDeploy's cold compile
 #   carry [".stage/e3"]: bash benchmarks/gpu/e2e_device.sh e3
 #   carry [".stage/e4"]: bash benchmarks/gpu/e2e_device.sh e4   # + waits for the trained weights
-#   then: source benchmarks/gpu/device_env.sh && python3 benchmarks/gpu/e2e.py sweep|serve|two-gpu --out $OUT
+#   then: source benchmarks/gpu/device_env.sh && taskset -c $(cat /root/e2e/gpu_cpus) python3 benchmarks/gpu/e2e.py sweep|serve|two-gpu --out $OUT
+#   (pinned: run 2 ran pinned to 16 physical cores, run 3 unpinned on 32 and measured 20-50 % lower)
 #
 # Router overhead (issue #4) on the same machine, at the same time, on its own physical cores:
 #   after e4 (Ray Serve is installed): bash benchmarks/gpu/e2e_device.sh router16   # starts it in the background
