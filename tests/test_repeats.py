@@ -107,3 +107,55 @@ def test_the_searcher_is_not_told_twice_about_a_trial_the_study_has_finished(tmp
     searcher.on_trial_complete("t1", result)
     assert [t.state for t in inner._ot_study.trials] == [optuna.trial.TrialState.COMPLETE]
     assert searcher.known == {"k": {"score": 1.0}}
+
+
+def test_the_burn_in_runs_the_first_bucket_once_more_unmeasured(tmp_path):
+    """On real engines (``burn_in``) the first bucket's workload runs once before anything is
+    measured: the engine serves it (its own request counter says so), the measurements do not
+    include it. Without it, the same engine serves exactly the measured requests."""
+    import httpx
+
+    from orchestrator.engine import EngineProcess
+    from orchestrator.serve.metrics import parse_prometheus_text
+    from tuning.trial import _measure_buckets
+
+    cfg = EngineConfig(backend="sim", model="intern-s2-preview-8xh200", tp=8, extra_flags=("--startup-delay", "0"))
+    buckets = make_buckets([128, 512], input_len=128, concurrency_levels=(8,), num_prompts=12)
+    engine = EngineProcess(cfg, log_dir=tmp_path, sim_time_scale=50.0)
+    engine.start()
+    try:
+        engine.wait_until_ready()
+
+        def served() -> float:
+            return parse_prometheus_text(httpx.get(engine.base_url + "/metrics", timeout=10).text)["sim_requests_total"]
+
+        deltas = {}
+        for burn_in in (False, True):
+            before, measurements = served(), {}
+            failure = _measure_buckets(engine, cfg, buckets, rule=None, measurements=measurements,
+                                       steady_state_min_output_len=4096, request_timeout_s=60, tokenizer=None,
+                                       burn_in=burn_in)
+            assert failure == "" and sorted(measurements) == [("le128", 8), ("le512", 8)]
+            assert all(m["completed"] == 12 for m in measurements.values())
+            deltas[burn_in] = served() - before
+    finally:
+        engine.stop()
+    first = buckets[0].workload_at(8)
+    assert deltas[False] == sum(b.workload_at(8).num_prompts + b.workload_at(8).warmup_requests for b in buckets)
+    assert deltas[True] - deltas[False] == first.num_prompts + first.warmup_requests
+
+
+def test_burn_in_is_on_for_real_engines_and_can_be_turned_off(tmp_path):
+    from tuning.sweep import _parser, build_spec
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    run_dir = str(tmp_path / "r")
+
+    def spec(*argv):
+        return build_spec(_parser().parse_args([*argv, "--run-dir", run_dir]), cluster_gpus=8)
+
+    assert spec("--model", str(model)).trial_context(None, None).burn_in is True
+    assert spec("--model", str(model), "--no-burn-in").trial_context(None, None).burn_in is False
+    assert spec().trial_context(None, None).burn_in is False  # the simulator has nothing to burn in

@@ -148,6 +148,9 @@ class SweepSpec:
     ``share_gpu``); ``None``: no limit. Decides only the choice, never what is measured."""
     repeats: int = 1
     """Runs of each bucket on the same engine; the lower-median run is kept, all runs are recorded."""
+    burn_in: bool = False
+    """Run the first bucket's workload once, unmeasured, before measuring (real engines: the first
+    full-load run after start-up was the slower one on 7 of 7 H200 engines, by up to 1.66x)."""
 
     def __post_init__(self) -> None:
         if self.share_gpu and self.space.tp != 1:
@@ -185,6 +188,7 @@ class SweepSpec:
             "ready_timeout_s": self.ready_timeout_s, "request_timeout_s": self.request_timeout_s,
             "tokenizer": self.tokenizer, "n_startup_trials": self.n_startup_trials,
             "share_gpu": self.share_gpu, "serve_gpus": self.serve_gpus, "repeats": self.repeats,
+            "burn_in": self.burn_in,
         }
 
     @classmethod
@@ -204,7 +208,7 @@ class SweepSpec:
             cache_namespace=cache_namespace, ready_timeout_s=self.ready_timeout_s,
             request_timeout_s=self.request_timeout_s, tokenizer=self.tokenizer,
             measure_lease_actor=self.measure_lease_name() if self.share_gpu else None,
-            repeats=self.repeats,
+            repeats=self.repeats, burn_in=self.burn_in,
         )
 
     def gpu_budget(self) -> GpuBudget | None:
@@ -869,6 +873,7 @@ def build_spec(args: argparse.Namespace, defaults: Mapping[str, Any] | None = No
         share_gpu=bool(args.share_gpu) and not simulated,
         serve_gpus=args.serve_gpus if args.serve_gpus is not None else sweep_cfg.get("serve_gpus"),
         repeats=args.repeats if args.repeats is not None else int(sweep_cfg.get("repeats", 1)),
+        burn_in=not simulated and not args.no_burn_in,
     )
 
 
@@ -922,6 +927,9 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--warmup-requests", type=int, help="requests sent to each bucket's engine before measuring, "
                    f"not counted (default {GPU_WARMUP_REQUESTS} with --model: a fresh LMDeploy engine's first batches "
                    "pay one-time kernel set-up; 0 on the simulator)")
+    w.add_argument("--no-burn-in", action="store_true",
+                   help="with --model, do not run the first bucket once unmeasured before measuring (a fresh "
+                        "LMDeploy engine's first full-load run was the slower one on 7 of 7 H200 engines)")
     w.add_argument("--repeats", type=int, metavar="R", help="runs of each bucket on the same engine (default 1); "
                    "the lower-median run counts, every run's throughput and their spread go to results.csv "
                    "(tells run-to-run noise from engine-to-engine differences)")

@@ -67,6 +67,7 @@ class TrialContext:
             (start-ups side by side, each measurement alone); ``None``: each trial owns its GPUs,
             starts its engine at once and measures whenever it is ready.
         repeats: runs of each bucket x load level on the same engine (see :func:`measure_config`).
+        burn_in: run the first bucket once, unmeasured, before measuring (see :func:`measure_config`).
     """
 
     sweep_id: str
@@ -83,6 +84,7 @@ class TrialContext:
     tokenizer: str | None = None
     measure_lease_actor: str | None = None
     repeats: int = 1
+    burn_in: bool = False
 
 
 def measure_config(
@@ -100,6 +102,7 @@ def measure_config(
     startup_guard: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
     measure_guard: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
     repeats: int = 1,
+    burn_in: bool = False,
 ) -> tuple[dict[tuple[str, int], dict[str, Any]], str, float | None]:
     """Start one engine, run every bucket x load level against it, stop it.
 
@@ -113,6 +116,10 @@ def measure_config(
     and keeps the run of median throughput (:func:`representative_run`), with every run's
     throughput beside it: on real GPUs short runs vary, and repeats on one engine tell run-to-run
     noise apart from engine-to-engine differences (another start of the same config).
+
+    ``burn_in`` runs the first bucket's workload once before anything is measured, and discards it:
+    on the H200 a fresh engine's first full-load run was the slower one on 7 of 7 engines (1.11x-1.66x;
+    the short warm-up requests do not take its place), which biased whichever bucket came first.
 
     Returns ``(measurements, failure, startup_s)``: ``BenchResult`` dicts by (bucket, concurrency),
     the reason the engine failed ('' if it did not), and the engine's start-up time in seconds.
@@ -141,7 +148,7 @@ def measure_config(
             failure = _measure_buckets(engine, config, buckets, rule=rule, measurements=measurements,
                                        steady_state_min_output_len=steady_state_min_output_len,
                                        request_timeout_s=request_timeout_s, tokenizer=tokenizer,
-                                       repeats=repeats)
+                                       repeats=repeats, burn_in=burn_in)
             # Stopped inside the exclusive hold: a neighbour's measurement never overlaps this
             # engine's teardown, and a neighbour's start-up (which sizes its KV cache from the GPU
             # memory free at that moment) sees this engine's memory already released.
@@ -153,11 +160,24 @@ def measure_config(
 
 def _measure_buckets(engine: Any, config: EngineConfig, buckets: Sequence[Bucket], *, rule: Any,
                      measurements: dict[tuple[str, int], dict[str, Any]], steady_state_min_output_len: int,
-                     request_timeout_s: float, tokenizer: Any, repeats: int = 1) -> str:
+                     request_timeout_s: float, tokenizer: Any, repeats: int = 1, burn_in: bool = False) -> str:
     """Every bucket x load level (``repeats`` runs each) against the ready ``engine`` into
-    ``measurements``; returns the failure reason ('' when all ran)."""
+    ``measurements``, after one unmeasured run of the first bucket if ``burn_in``; returns the
+    failure reason ('' when all ran)."""
     from tuning.bench import benchmark
 
+    if burn_in and buckets:
+        first = buckets[0]
+        try:
+            benchmark(engine.base_url, first.workload_at(first.primary_concurrency), engine_config=config,
+                      request_timeout_s=request_timeout_s, tokenizer=tokenizer)
+            engine.check_health()
+        except EngineError as e:
+            return _reason(f"engine failed during the burn-in run (bucket {first.name})", e)
+        except OrchestratorError as e:
+            if not engine.is_alive():
+                return _reason("engine died during the burn-in run", e)
+            return _reason(f"burn-in run of bucket {first.name} failed", e)
     for b in buckets:
         for c in b.concurrency_levels:
             bucket_rule = rule if b.max_output_len >= steady_state_min_output_len else None
@@ -489,7 +509,7 @@ def run_trial(trial_config: dict[str, Any], context: TrialContext) -> None:
             steady_state=context.steady_state, steady_state_min_output_len=context.steady_state_min_output_len,
             ready_timeout_s=context.ready_timeout_s, request_timeout_s=context.request_timeout_s,
             tokenizer=_load_tokenizer(context.tokenizer), startup_guard=startup_guard,
-            measure_guard=measure_guard, repeats=context.repeats,
+            measure_guard=measure_guard, repeats=context.repeats, burn_in=context.burn_in,
         )
         rows = rows_for_trial(sweep_id=context.sweep_id, trial_id=trial_id, role=role, config=config,
                               buckets=buckets, measurements=measurements, failure=failure,
