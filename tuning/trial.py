@@ -166,35 +166,30 @@ def _measure_buckets(engine: Any, config: EngineConfig, buckets: Sequence[Bucket
     failure reason ('' when all ran)."""
     from tuning.bench import benchmark
 
+    # (bucket, concurrency, measured): the burn-in is the first step of the same loop as the
+    # buckets, run and not measured, so a failure in either is reported the same way.
+    steps: list[tuple[Bucket, int, bool]] = []
     if burn_in and buckets:
-        first = buckets[0]
+        steps.append((buckets[0], buckets[0].primary_concurrency, False))
+    steps += [(b, c, True) for b in buckets for c in b.concurrency_levels]
+    for b, c, measured in steps:
+        what = f"bucket {b.name}" if measured else f"the burn-in run of bucket {b.name}"
+        bucket_rule = rule if measured and b.max_output_len >= steady_state_min_output_len else None
         try:
-            benchmark(engine.base_url, first.workload_at(first.primary_concurrency), engine_config=config,
-                      request_timeout_s=request_timeout_s, tokenizer=tokenizer)
-            engine.check_health()
-        except EngineError as e:
-            return _reason(f"engine failed during the burn-in run (bucket {first.name})", e)
-        except OrchestratorError as e:
-            if not engine.is_alive():
-                return _reason("engine died during the burn-in run", e)
-            return _reason(f"burn-in run of bucket {first.name} failed", e)
-    for b in buckets:
-        for c in b.concurrency_levels:
-            bucket_rule = rule if b.max_output_len >= steady_state_min_output_len else None
-            try:
-                runs = []
-                for _ in range(max(1, repeats)):
-                    runs.append(benchmark(engine.base_url, b.workload_at(c), engine_config=config,
-                                          steady_state=bucket_rule, request_timeout_s=request_timeout_s,
-                                          tokenizer=tokenizer).to_dict())
-                    engine.check_health()
+            runs = []
+            for _ in range(max(1, repeats) if measured else 1):
+                runs.append(benchmark(engine.base_url, b.workload_at(c), engine_config=config,
+                                      steady_state=bucket_rule, request_timeout_s=request_timeout_s,
+                                      tokenizer=tokenizer).to_dict())
+                engine.check_health()
+            if measured:
                 measurements[(b.name, c)] = representative_run(runs)
-            except EngineError as e:
-                return _reason(f"engine failed during bucket {b.name} (concurrency {c})", e)
-            except OrchestratorError as e:  # bench could not run at all (server unreachable...)
-                if not engine.is_alive():
-                    return _reason(f"engine died during bucket {b.name}", e)
-                return _reason(f"benchmark of bucket {b.name} failed", e)
+        except EngineError as e:
+            return _reason(f"engine failed during {what} (concurrency {c})", e)
+        except OrchestratorError as e:  # bench could not run at all (server unreachable...)
+            if not engine.is_alive():
+                return _reason(f"engine died during {what}", e)
+            return _reason(f"benchmark of {what} failed", e)
     return ""
 
 
