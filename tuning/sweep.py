@@ -81,13 +81,13 @@ from tuning.results import (
 from tuning.routing import GpuBudget, Provenance, RoutingTable, RoutingTableError, atomic_write_text
 from tuning.space import ROLE_SEARCH, SearchSpace, load_space_file
 from tuning.trial import (
-    REPORTED_DIR,
     GpuLease,
     ResultCache,
     TrialContext,
     detect_gpus,
     metric_name,
     reported_metrics,
+    reported_trial_ids,
     run_trial,
 )
 
@@ -648,8 +648,8 @@ def rows_from_result_grid(grid: Any, spec: SweepSpec) -> list[dict[str, Any]]:
         reason = f"trial errored: {res.error}" if res.error else "trial reported nothing (stopped or interrupted)"
         rows.extend(failed_rows(sweep_id=spec.sweep_id, trial_id=trial_id, role=str(cfg.get("role") or ROLE_SEARCH),
                                 config=config, buckets=spec.buckets, reason=reason[:1500]))
-    for path in sorted((Path(spec.run_dir) / REPORTED_DIR).glob("*.json")):
-        if path.stem not in seen and (saved := reported_metrics(spec.run_dir, path.stem)) and saved.get("rows_json"):
+    for trial_id in reported_trial_ids(spec.run_dir):
+        if trial_id not in seen and (saved := reported_metrics(spec.run_dir, trial_id)) and saved.get("rows_json"):
             rows.extend(json.loads(saved["rows_json"]))
     return rows
 
@@ -714,7 +714,7 @@ def run_sweep(
     progress = SweepProgress([b.name for b in spec.buckets], simulated=spec.simulated, live=live)
     try:
         grid = None
-        reported = len(list((run_dir / REPORTED_DIR).glob("*.json")))
+        reported = len(reported_trial_ids(run_dir))
         if resume and num_trials is not None and reported >= num_trials:
             # The reported trials meet the budget: the sweep ends with what was measured. The trials
             # the interruption cut short are not restarted (each would pay an engine start); they

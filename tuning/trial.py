@@ -566,6 +566,11 @@ def measured_on() -> dict[str, str | None]:
     return {"gpu_type": gpu_type if count else None, "lmdeploy_version": lmdeploy}
 
 
+def reported_trial_ids(run_dir: str | Path) -> list[str]:
+    """The trials whose report reached the run dir (:func:`reported_metrics`), sorted."""
+    return sorted(p.stem for p in (Path(run_dir) / REPORTED_DIR).glob("*.json"))
+
+
 def reported_metrics(run_dir: str | Path, trial_id: str) -> dict[str, Any] | None:
     """What trial ``trial_id`` reported, if it got that far (``None`` otherwise)."""
     try:
