@@ -207,33 +207,54 @@ def _unreported_engines(run_dir: Path) -> dict[int, str]:
     return {pid: log for pid, log in engines_logging_under(run_dir).items() if Path(log).parent.name not in done}
 
 
-def _sweep_killed_mid_trial(tmp_path: Path) -> tuple[Path, dict[str, str], str, set[str], dict[str, dict]]:
+def _running_in_tune_state(run_dir: Path) -> set[str]:
+    """Trials Tune's newest experiment checkpoint saved as RUNNING (a restore runs them again)."""
+    states = sorted((run_dir / "tune").glob("experiment_state-*.json"), key=lambda p: p.stat().st_mtime)
+    try:
+        trials = [json.loads(t[0]) for t in json.loads(states[-1].read_text())["trial_data"]] if states else []
+    except (OSError, ValueError, KeyError):  # replaced while being read
+        return set()
+    return {t["trial_id"] for t in trials if t.get("status") == "RUNNING"}
+
+
+def _sweep_killed_mid_trial(tmp_path: Path, *, with_ray: bool = False
+                            ) -> tuple[Path, dict[str, str], str, set[str], dict[str, dict]]:
     """A CLI sweep (budget 4, one trial at a time) SIGKILLed while a third trial's engine is up.
-    Returns (run dir, env, env marker, trials finished before the kill, their Tune results)."""
+    ``with_ray``: its Ray cluster, trial workers and engines too, at the same moment (a device call's
+    time limit: nothing of the cut trial runs on to report). Else the driver alone (its orphaned trial
+    may still report). Returns (run dir, env, env marker, trials finished before the kill, their Tune
+    results)."""
     run_dir = tmp_path / "killed"
     space_file = tmp_path / "space.yaml"
     space_file.write_text("speculative: [false, true]\nnum_draft_tokens: [1, 2, 3, 4]\nmemory_fraction: [0.8]\n"
-                          "max_batch_size: [64]\nextra_flags: ['--startup-delay', '1']\n")
+                          "max_batch_size: [64]\nextra_flags: ['--startup-delay', '3']\n")
     common = ["--buckets", "256", "--concurrency", "4", "--num-prompts", "8", "--sim-time-scale", "4",
               "--max-concurrent-trials", "1"]
     marker = f"MTP_RELIABILITY_RUN={tmp_path.name}"
-    env = {**os.environ, "MTP_RELIABILITY_RUN": tmp_path.name, "PYTHONPATH": str(ROOT)}
+    # Tune saves its experiment state every second (default: adaptive, often tens of seconds), so the
+    # kill below can wait for the running trial to be in it, as a GPU trial's minutes-long run always is.
+    env = {**os.environ, "MTP_RELIABILITY_RUN": tmp_path.name, "PYTHONPATH": str(ROOT), "TUNE_GLOBAL_CHECKPOINT_S": "1"}
     log = open(tmp_path / "first.log", "wb")
     proc = subprocess.Popen(_sweep_cmd(run_dir, "--space", str(space_file), "--run-dir", str(run_dir),
                                        "--sweep-id", "killed", "--num-trials", "4", *common),
                             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 240
-        # Kill while the engine of a trial that has not reported yet is up, after two results:
-        # results to keep, one trial to lose.
+        # Kill while the engine of a trial that has not reported yet is up and Tune's saved state
+        # knows that trial, after two results: results to keep, one trial to lose.
         while proc.poll() is None and time.monotonic() < deadline and not (
-                len(_finished_trials(run_dir)) >= 2 and _unreported_engines(run_dir)):
+                len(_finished_trials(run_dir)) >= 2
+                and {Path(log).parent.name for log in _unreported_engines(run_dir).values()}
+                & _running_in_tune_state(run_dir) - _reported(run_dir)):
             time.sleep(0.2)
         assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
         assert len(_finished_trials(run_dir)) >= 2, "no two trials finished within 240 s"
         running_engines = _unreported_engines(run_dir)
         assert running_engines, "no trial was running when the sweep was killed"
-        os.kill(proc.pid, signal.SIGKILL)  # the sweep driver only; Ray and the engines are its orphans
+        if with_ray:
+            _kill_all([proc.pid, *_procs_with_env_marker(marker)])
+        else:
+            os.kill(proc.pid, signal.SIGKILL)  # the sweep driver only; Ray and the engines are its orphans
         proc.wait(timeout=30)
     finally:
         log.close()
@@ -276,6 +297,9 @@ def test_sigkilled_sweep_resumes_without_losing_or_rerunning_trials(tmp_path):
     ids = list(df.trial_id)
     assert len(ids) == len(set(ids)) == 4, df[["trial_id", "role", "status"]]
     assert finished_before <= set(ids), (finished_before, ids)
+    # The trial the kill cut short ran again and was measured: its interruption is not a result (a
+    # resume once handed it the driver's "reported nothing" rows as a cached result of its own).
+    assert (df.status == "ok").all() and not df.cached.any(), df[["trial_id", "status", "cached", "failure_reason"]]
     # Finished trials kept their measured figures (same rows, not re-measured)...
     for trial_id, result in before.items():
         row = df[df.trial_id == trial_id].iloc[0]
@@ -288,6 +312,29 @@ def test_sigkilled_sweep_resumes_without_losing_or_rerunning_trials(tmp_path):
         assert len(logs) == 1, (trial_id, logs)
     assert routing.load(run_dir / "routing_table.json").provenance.sweep_id == "killed"
     assert wait_no_engines(run_dir) == {}
+
+
+@pytest.mark.slow  # ~45-70 s on 2 busy cores; in the default run (< 90 s)
+def test_a_trial_cut_with_its_ray_cluster_is_measured_when_resumed(tmp_path):
+    """GPU run 4 (2026-11-29): a device call's time limit killed the sweep and its Ray cluster during
+    the static baseline; the resume handed that trial the driver's own "reported nothing" rows as a
+    cached result, so the table lacked a baseline and was not committed. It must run again instead."""
+    run_dir, env, marker, finished_before, _ = _sweep_killed_mid_trial(tmp_path, with_ray=True)
+    cut = _running_in_tune_state(run_dir) - _reported(run_dir)
+    assert cut, "Tune's saved state has no unreported running trial: nothing to resume"
+
+    r = subprocess.run(_sweep_cmd(run_dir, "--resume", str(run_dir), "--num-trials", "4"), cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    _kill_all(_procs_with_env_marker(marker))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    df = pd.read_parquet(run_dir / "results.parquet")
+    for trial_id in cut:
+        row = df[df.trial_id == trial_id]
+        assert len(row) == 1 and row.status.iloc[0] == "ok" and not row.cached.iloc[0], \
+            df[["trial_id", "status", "cached", "failure_reason"]]
+        assert list((run_dir / "engine-logs" / trial_id).glob("*.log")), "the cut trial started no engine on resume"
+    assert (df.status == "ok").all() and len(df) == 4, df[["trial_id", "status", "failure_reason"]]
+    assert routing.load(run_dir / "routing_table.json").provenance.sweep_id == "killed"
 
 
 @pytest.mark.slow  # ~45-70 s on 2 busy cores; in the default run (< 90 s)

@@ -622,6 +622,11 @@ def provenance_for(spec: SweepSpec, results: Any = None) -> Provenance:
 
 
 # ----- results from Tune ---------------------------------------------------------------------------------
+#: Failure reasons of rows the driver writes for a trial without a report of its own.
+TRIAL_ERRORED = "trial errored"
+REPORTED_NOTHING = "trial reported nothing (stopped or interrupted)"
+
+
 def rows_from_result_grid(grid: Any, spec: SweepSpec) -> list[dict[str, Any]]:
     """Every trial's rows: Tune's results, else the report the trial saved in the run dir (a driver
     killed between the two), else failed rows saying it reported nothing. Reports of trials Tune's
@@ -645,7 +650,7 @@ def rows_from_result_grid(grid: Any, spec: SweepSpec) -> list[dict[str, Any]]:
             config = spec.space.config_from_trial_config(cfg) if cfg else None
         except ConfigError:
             config = None
-        reason = f"trial errored: {res.error}" if res.error else "trial reported nothing (stopped or interrupted)"
+        reason = f"{TRIAL_ERRORED}: {res.error}" if res.error else REPORTED_NOTHING
         rows.extend(failed_rows(sweep_id=spec.sweep_id, trial_id=trial_id, role=str(cfg.get("role") or ROLE_SEARCH),
                                 config=config, buckets=spec.buckets, reason=reason[:1500]))
     for trial_id in reported_trial_ids(spec.run_dir):
@@ -662,10 +667,13 @@ def _trial_params(trial_path: Any) -> dict[str, Any]:
 
 
 def _cache_seed(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Rows of measured (not cached) trials by engine key, to seed a resumed sweep's cache."""
+    """Rows of measured (not cached) trials by engine key, to seed a resumed sweep's cache. Rows the
+    driver wrote for a trial that errored or was interrupted are not measurements: seeding them would
+    hand the resumed trial its own interruption as a cached result instead of running it."""
     by_key: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        if r.get("engine_key") and not r.get("cached") and "trial errored" not in str(r.get("failure_reason")):
+        if (r.get("engine_key") and not r.get("cached")
+                and not str(r.get("failure_reason")).startswith((TRIAL_ERRORED, REPORTED_NOTHING))):
             by_key.setdefault(r["engine_key"], []).append(dict(r))
     return by_key
 
