@@ -182,6 +182,20 @@ def test_the_tables_gpu_and_lmdeploy_version_come_from_the_rows_the_trials_measu
     assert here.gpu_type == detect_gpus()[0]
 
 
+def test_a_real_trial_records_the_cpus_it_was_pinned_to_and_the_host_cpu():
+    """A small model's engine is CPU-bound, so a GPU trial's rows say which CPU model and how many
+    CPUs the trial (and the engine it starts) could use: a ``taskset`` pinning shows up there."""
+    cpu = min(os.sched_getaffinity(0))
+    out = subprocess.run([sys.executable, "-c", "import json; from tuning.trial import measured_on; "
+                          "print(json.dumps(measured_on()))"], cwd=Path(__file__).parents[1], capture_output=True,
+                         text=True, check=True, preexec_fn=lambda: os.sched_setaffinity(0, {cpu})).stdout
+    facts = json.loads(out)
+    assert facts["cpus"] == 1
+    model_names = {line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")}
+    assert facts["cpu_model"] in model_names
+    assert set(facts) == {"gpu_type", "lmdeploy_version", "cpu_model", "cpus"}
+
+
 def test_a_moved_run_dir_resumes_where_it_is_now(tmp_path):
     """A run dir copied off the GPU machine (or moved) resumes in place: with the budget met the
     table is committed there from the saved reports, and nothing is written to the old path."""

@@ -17,6 +17,7 @@ import functools
 import json
 import logging
 import math
+import os
 import shutil
 import subprocess
 import threading
@@ -554,8 +555,12 @@ def detect_gpus() -> tuple[str, int]:
     return "none", 0
 
 
-def measured_on() -> dict[str, str | None]:
-    """What a real engine was measured on, recorded in its rows by the trial (on the GPU node)."""
+def measured_on() -> dict[str, str | int | None]:
+    """What a real engine was measured on, recorded in its rows by the trial (on the GPU node).
+
+    The host's CPU model and the CPUs this process may use are there because a small model's engine
+    is CPU-bound: H200 runs of the same configs measured 1.5x apart (GPU run 4), and which host CPU
+    and how many cores the engine had is the first thing to compare."""
     from importlib import metadata
 
     try:
@@ -563,7 +568,16 @@ def measured_on() -> dict[str, str | None]:
     except metadata.PackageNotFoundError:
         lmdeploy = None
     gpu_type, count = detect_gpus()
-    return {"gpu_type": gpu_type if count else None, "lmdeploy_version": lmdeploy}
+    return {"gpu_type": gpu_type if count else None, "lmdeploy_version": lmdeploy,
+            "cpu_model": _cpu_model(), "cpus": len(os.sched_getaffinity(0))}
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    except OSError:
+        return None
 
 
 def reported_trial_ids(run_dir: str | Path) -> list[str]:

@@ -188,6 +188,7 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
             "measured_to": ok["finished_at"].max() if "finished_at" in ok and len(ok) else None,
             "tput": {r["bucket"]: _num(r["output_throughput"]) for _, r in g.iterrows()},
             "accept_length": {r["bucket"]: _num(r.get("accept_length")) for _, r in g.iterrows()},
+            "cpus": _num(g["cpus"].iloc[0]) if "cpus" in g else None,
             "failure": str(g["failure_reason"].dropna().iloc[0])[:400] if g["failure_reason"].notna().any() else "",
         })
     table = routing.load(run_dir / "routing_table.json") if (run_dir / "routing_table.json").exists() else None
@@ -640,6 +641,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         result["traceback"] = traceback.format_exc()[-3000:]
         log(result["traceback"])
     result["simulated"] = a.sim
+    # Which host: the same configs measured 1.5x apart on two x2 machines (runs 2 and 4, both pinned
+    # to 16 cores); a small model's engine is CPU-bound, so the host CPU is the first thing to compare.
+    from tuning.trial import measured_on
+
+    result["host"] = {**measured_on(), "cpu_count": os.cpu_count()}
     result["elapsed_s"] = round(time.monotonic() - T0, 1)
     dest = Path(a.out) / f"e2e_{a.phase.replace('-', '_')}.json"
     dest.write_text(json.dumps(result, indent=2, default=str))
