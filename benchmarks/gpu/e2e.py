@@ -490,14 +490,20 @@ def phase_serve(a: argparse.Namespace) -> dict[str, Any]:
         out["deploy_tuned"] = deploy(table_path, a, share=share)
         if out["deploy_tuned"]["rc"] != 0:
             return out
-        warm_up(reqs, a.concurrency)
-        out["routing"] = routing_check(table, backend)
-        out["prometheus"] = prometheus_check()
-        # Router vs straight to the engine: the longest bucket's workload at the sweep's concurrency.
+        # The longest bucket's workload straight to its engine before anything else has run on it,
+        # as a sweep measures an engine (64 short warm-up requests, then the bucket): run 4's sweep
+        # figures sat 1.2-1.5x below the same config's figures here after a mixed pass; this run and
+        # the "direct" runs below, later on the same engine, tell whether the engine speeds up with use.
         infos = engine_infos()
         last = buckets[-1]
         engine_url = infos[table.buckets[-1].engine_config().key()]["base_url"]
         w = last.workload_at(last.primary_concurrency)
+        out["cold_direct"] = bench(engine_url, w, tokenizer)
+        log(f"cold direct ({last.name}): {out['cold_direct']}")
+        warm_up(reqs, a.concurrency)
+        out["routing"] = routing_check(table, backend)
+        out["prometheus"] = prometheus_check()
+        # Router vs straight to the engine: the longest bucket's workload at the sweep's concurrency.
         # ABBA (direct, router, router, direct): an engine's first full-length batches are slower than
         # later ones (2026-11-29: twice the direct run, done first, lost 25-35 %), so the order must
         # not favour either path; the ratio compares the means of the two runs of each.
