@@ -86,6 +86,34 @@ def test_resume_continues_without_rerunning(tmp_path):
     assert routing.load(Path(spec.run_dir) / "routing_table.json").version == 2
 
 
+def test_a_trial_that_gets_its_resources_after_the_time_budget_does_not_start_and_resume_runs_it(tmp_path):
+    """``--time-budget-s``: no new trial starts after it. Tune creates trials ahead of their resources
+    (on the H200 the 0.9-GPU static baseline waited 9 minutes, then started past the budget and was cut
+    by the call's limit); the trial checks the budget when it is about to start its engine. Here one
+    trial at a time fits (2 CPUs each), the first runs ~20 s, the second is created at once and gets its
+    CPUs after the 15 s budget: it must end without starting an engine, and a resume must run it."""
+    slow = ("--startup-delay", "40")  # simulated seconds: 20 s of wall-clock start-up at time scale 2
+    spec = _spec(tmp_path, _space(num_draft_tokens=(2,), extra_flags=slow), sweep_id="late",
+                 trial_resources={"cpu": 2, "gpu": 0})
+    first = run_sweep(spec, num_trials=2, time_budget_s=15, live=False)
+    rows = first.results
+    started = set(os.listdir(Path(spec.run_dir) / "engine-logs"))
+    late = rows[~rows.trial_id.isin(started)]
+    assert len(started) == 1 and late.trial_id.nunique() == 1, rows[["trial_id", "role", "status", "failure_reason"]]
+    assert (late.status == "failed").all()
+    reason = late.failure_reason.iloc[0]
+    assert "time budget" in reason and "--resume" in reason and "Traceback" not in reason, reason
+    assert first.error and "baseline" in first.error  # one baseline unmeasured: no table
+    assert not (Path(spec.run_dir) / "routing_table.json").exists()
+
+    second = run_sweep(spec, num_trials=2, time_budget_s=None, live=False, resume=True)
+    assert second.error is None, second.error
+    assert (second.results.status == "ok").all(), second.results[["trial_id", "status", "failure_reason"]]
+    assert set(second.results.trial_id) == set(rows.trial_id)  # the same trial, run now, not a new one
+    assert set(os.listdir(Path(spec.run_dir) / "engine-logs")) == set(rows.trial_id)
+    assert routing.load(Path(spec.run_dir) / "routing_table.json").version == 1
+
+
 def test_incomplete_sweep_keeps_the_previous_table(tmp_path):
     good = tmp_path / "serving" / "routing_table.json"
     # A valid table from an earlier sweep at the serving path.

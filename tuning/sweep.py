@@ -25,11 +25,14 @@ How the pieces fit:
   each fit the GPU alone may not fit together. :func:`tuning.results.pick_best` then takes the
   fitting mix of the buckets' top configs with the best scalar objective, and says in the table's
   ``provenance.gpu_budget`` what it gave up. Without it the summary still says what the table needs.
-- Budgets (``--num-trials``, ``--time-budget-s``) live in ``<run_dir>/budget.json`` and are read
-  by the searcher at every suggestion, so ``--resume`` can extend them: the sweep continues from
-  Tune's experiment state and the same Optuna study; finished trials are neither lost nor re-run.
-  The time budget is *soft*: no trial starts after it, running trials finish (an engine start is
-  too expensive to throw away half-measured).
+- Budgets (``--num-trials``, ``--time-budget-s``) live in ``<run_dir>/budget.json``
+  (:mod:`tuning.budget`) and are read by the searcher at every suggestion, so ``--resume`` can
+  extend them: the sweep continues from Tune's experiment state and the same Optuna study; finished
+  trials are neither lost nor re-run. The time budget is *soft*: no trial starts its engine after it,
+  running trials finish (an engine start is too expensive to throw away half-measured). Tune creates
+  trials before their resources are free, so each trial checks the budget again right before its
+  engine starts; one that got its resources too late ends errored without a result, and ``--resume``
+  runs it.
 - Results (one row per trial x bucket x concurrency) go to ``results.parquet``/``.csv``;
   :func:`tuning.results.pick_best` chooses per bucket; :func:`tuning.routing.commit` writes the
   table atomically. An incomplete sweep writes no table and keeps the previous one.
@@ -68,6 +71,7 @@ import yaml
 from orchestrator.config import EngineConfig
 from orchestrator.errors import ConfigError, OrchestratorError
 from tuning import routing
+from tuning.budget import BUDGET_FILE, TimeBudgetSpent, read_budget, write_budget
 from tuning.buckets import Bucket, make_buckets
 from tuning.results import (
     STATUS_OK,
@@ -78,7 +82,7 @@ from tuning.results import (
     summary_rows,
     write_results,
 )
-from tuning.routing import GpuBudget, Provenance, RoutingTable, RoutingTableError, atomic_write_text
+from tuning.routing import GpuBudget, Provenance, RoutingTable, RoutingTableError
 from tuning.space import ROLE_SEARCH, SearchSpace, load_space_file
 from tuning.trial import (
     GpuLease,
@@ -246,22 +250,6 @@ class SweepOutcome:
     wall_s: float
 
 
-# ----- budgets (read by the searcher at every suggestion) ---------------------------------------------
-def write_budget(run_dir: str | Path, *, num_trials: int | None, time_budget_s: float | None) -> dict[str, Any]:
-    budget = {"num_trials": num_trials,
-              "deadline": (time.time() + time_budget_s) if time_budget_s else None,
-              "time_budget_s": time_budget_s, "written_at": time.time()}
-    atomic_write_text(Path(run_dir) / "budget.json", json.dumps(budget, indent=2))
-    return budget
-
-
-def _read_budget(path: str) -> dict[str, Any]:
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 def _make_searchers() -> tuple[type, type]:
     """Searcher classes are built lazily so that importing this module does not import Ray Tune."""
     from ray.tune.search import SearchGenerator, Searcher
@@ -303,7 +291,7 @@ def _make_searchers() -> tuple[type, type]:
                 return None
 
         def suggest(self, trial_id: str) -> dict | None:
-            budget = _read_budget(self.budget_path)
+            budget = read_budget(self.budget_path)
             n, deadline = budget.get("num_trials"), budget.get("deadline")
             if deadline is not None and time.time() >= deadline:
                 return Searcher.FINISHED
@@ -444,7 +432,7 @@ def _build_search_alg(spec: SweepSpec) -> Any:
     optuna_search = OptunaSearch(space=spec.space, metric=metric, mode=mode, sampler=sampler,
                                  study_name=_study_name(spec), storage=storage)
     BudgetedSearch, ResumableSearchGenerator = _make_searchers()
-    budgeted = BudgetedSearch(optuna_search, str(Path(spec.run_dir) / "budget.json"), spec.space)
+    budgeted = BudgetedSearch(optuna_search, str(Path(spec.run_dir) / BUDGET_FILE), spec.space)
     limited = ConcurrencyLimiter(budgeted, max_concurrent=spec.max_concurrent_trials)
     return ResumableSearchGenerator(limited)
 
@@ -650,13 +638,25 @@ def rows_from_result_grid(grid: Any, spec: SweepSpec) -> list[dict[str, Any]]:
             config = spec.space.config_from_trial_config(cfg) if cfg else None
         except ConfigError:
             config = None
-        reason = f"{TRIAL_ERRORED}: {res.error}" if res.error else REPORTED_NOTHING
+        reason = _error_reason(res.error) if res.error else REPORTED_NOTHING
         rows.extend(failed_rows(sweep_id=spec.sweep_id, trial_id=trial_id, role=str(cfg.get("role") or ROLE_SEARCH),
                                 config=config, buckets=spec.buckets, reason=reason[:1500]))
     for trial_id in reported_trial_ids(spec.run_dir):
         if trial_id not in seen and (saved := reported_metrics(spec.run_dir, trial_id)) and saved.get("rows_json"):
             rows.extend(json.loads(saved["rows_json"]))
     return rows
+
+
+def _error_reason(error: BaseException) -> str:
+    """A failure reason for a trial Tune marked errored: a trial the time budget kept from starting
+    says just that (its message tells how to run it); anything else keeps Ray's whole report."""
+    cause = getattr(error, "cause", None)  # Ray's wrapper keeps the trial's own exception here
+    if isinstance(cause, TimeBudgetSpent):
+        return f"{TRIAL_ERRORED}: {cause}"
+    text, marker = str(error), f"{TimeBudgetSpent.__name__}: "
+    if marker in text:  # restored from Tune's saved state: the exception may survive only as text
+        return f"{TRIAL_ERRORED}: {text.rsplit(marker, 1)[1].strip()}"
+    return f"{TRIAL_ERRORED}: {text}"
 
 
 def _trial_params(trial_path: Any) -> dict[str, Any]:
@@ -1058,7 +1058,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.resume:
             spec = resumed_spec(args.resume, serve_gpus=args.serve_gpus)
-            budget = _read_budget(str(Path(args.resume) / "budget.json"))
+            budget = read_budget(Path(args.resume) / BUDGET_FILE)
             num_trials = args.num_trials or budget.get("num_trials")
             resume = True
         else:

@@ -30,6 +30,7 @@ from typing import Any
 from orchestrator.config import Backend, EngineConfig
 from orchestrator.errors import ConfigError, EngineError, OrchestratorError
 from tuning.buckets import Bucket
+from tuning.budget import check_time_budget
 from tuning.results import STATUS_FAILED, STATUS_OK, failed_rows, rows_for_trial
 from tuning.space import ROLE_SEARCH, SearchSpace
 
@@ -504,7 +505,8 @@ def run_trial(trial_config: dict[str, Any], context: TrialContext) -> None:
             config, buckets, log_dir=log_dir, gpus=gpus, sim_time_scale=context.sim_time_scale,
             steady_state=context.steady_state, steady_state_min_output_len=context.steady_state_min_output_len,
             ready_timeout_s=context.ready_timeout_s, request_timeout_s=context.request_timeout_s,
-            tokenizer=_load_tokenizer(context.tokenizer), startup_guard=startup_guard,
+            tokenizer=_load_tokenizer(context.tokenizer),
+            startup_guard=_within_time_budget(context.run_dir, startup_guard),
             measure_guard=measure_guard, repeats=context.repeats, burn_in=context.burn_in,
         )
         rows = rows_for_trial(sweep_id=context.sweep_id, trial_id=trial_id, role=role, config=config,
@@ -530,6 +532,24 @@ def run_trial(trial_config: dict[str, Any], context: TrialContext) -> None:
         failure = next((r["failure_reason"] for r in rows if r.get("failure_reason")), "no bucket succeeded")
     report(trial_metrics(rows, buckets, status=status, failure=failure, role=role, config=config,
                               cached=False, engine_started=True))
+
+
+def _within_time_budget(run_dir: str, guard: Callable[[], contextlib.AbstractContextManager[Any]] | None
+                        ) -> Callable[[], contextlib.AbstractContextManager[Any]]:
+    """``guard`` (if any), then the sweep's time-budget check, right before the engine starts.
+
+    Tune suggests trials ahead of the resources they wait for (a 0.9-GPU baseline waited 9 minutes on
+    the H200), and a shared GPU's start-up lease can hold a trial back too: whether the budget allows a
+    start is decided when the engine is about to start. Past it, :class:`TimeBudgetSpent` ends the trial
+    as errored, without a result, so a resumed sweep runs it."""
+
+    @contextlib.contextmanager
+    def entered() -> Iterator[None]:
+        with guard() if guard is not None else contextlib.nullcontext():
+            check_time_budget(run_dir)
+            yield
+
+    return entered
 
 
 REPORTED_DIR = "trial-results"

@@ -629,11 +629,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "H200 is ~7 GB of KV, far more than the test checkpoint uses)")
     p.add_argument("--max-batch-size", type=int, default=64)
     p.add_argument("--session-len", type=int, default=4096)
-    p.add_argument("--time-budget-s", type=float, default=300)
+    p.add_argument("--time-budget-s", type=float, default=None,
+                   help="sweep: no trial starts its engine after this (default: --deadline-s minus 150 s, one "
+                        "start-up and measurement, so the call ends by itself instead of being killed mid-trial)")
     p.add_argument("--deadline-s", type=float, default=560)
     p.add_argument("--num-cpus", type=int, default=max(2, len(os.sched_getaffinity(0)) - 2),
                    help="Ray's logical CPUs (default: the CPUs this process may use, e.g. under taskset, minus 2)")
     a = p.parse_args(argv)
+    if a.time_budget_s is None:
+        a.time_budget_s = max(30.0, a.deadline_s - 150)
     Path(a.out).mkdir(parents=True, exist_ok=True)
     Path(a.work).mkdir(parents=True, exist_ok=True)
     fn = {"sweep": phase_sweep, "serve": phase_serve, "two-gpu": phase_two_gpu}[a.phase]
