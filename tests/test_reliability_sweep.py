@@ -33,6 +33,7 @@ from tuning import routing
 from tuning.buckets import make_buckets
 from tuning.space import ROLE_MTP_OFF, ROLE_STATIC, NamedPoint, SearchSpace
 from tuning.sweep import SweepSpec, run_sweep
+from tuning.trial import reported_trial_ids
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = "intern-s2-preview-8xh200"
@@ -198,7 +199,7 @@ def _kill_all(pids: list[int]) -> None:
 
 def _reported(run_dir: Path) -> set[str]:
     """Trials whose report reached the run dir (it lands there before Tune's own record of it)."""
-    return {p.stem for p in (run_dir / "trial-results").glob("*.json")}
+    return set(reported_trial_ids(run_dir))
 
 
 def _unreported_engines(run_dir: Path) -> dict[int, str]:

@@ -650,13 +650,10 @@ def rows_from_result_grid(grid: Any, spec: SweepSpec) -> list[dict[str, Any]]:
 def _error_reason(error: BaseException) -> str:
     """A failure reason for a trial Tune marked errored: a trial the time budget kept from starting
     says just that (its message tells how to run it); anything else keeps Ray's whole report."""
-    cause = getattr(error, "cause", None)  # Ray's wrapper keeps the trial's own exception here
-    if isinstance(cause, TimeBudgetSpent):
-        return f"{TRIAL_ERRORED}: {cause}"
-    text, marker = str(error), f"{TimeBudgetSpent.__name__}: "
-    if marker in text:  # restored from Tune's saved state: the exception may survive only as text
-        return f"{TRIAL_ERRORED}: {text.rsplit(marker, 1)[1].strip()}"
-    return f"{TRIAL_ERRORED}: {text}"
+    # Ray's wrapper keeps the trial's own exception in ``cause``, also in a result read back from
+    # Tune's saved experiment.
+    cause = getattr(error, "cause", None)
+    return f"{TRIAL_ERRORED}: {cause if isinstance(cause, TimeBudgetSpent) else error}"
 
 
 def _trial_params(trial_path: Any) -> dict[str, Any]:
