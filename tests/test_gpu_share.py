@@ -48,6 +48,40 @@ def test_shared_sweep_reserves_each_trials_fraction_and_runs_as_many_as_fit(tmp_
     assert gpu_of({"speculative": "maybe"}) == 1
 
 
+@pytest.mark.parametrize("share_gpu", [True, False])
+def test_on_a_shared_gpu_the_baselines_start_before_any_search_trial(tmp_path, model_dir, share_gpu):
+    """Ray grants GPU shares to whichever request fits, so a 0.9-GPU baseline waits behind every small
+    search trial (GPU run 4: 9 minutes, then a call's deadline cut it). With ``--share-gpu`` the
+    searcher suggests nothing while a baseline is suggested and not complete — also when it errored;
+    without sharing every trial reserves the same and nothing is held back."""
+    from tuning.budget import write_budget
+    from tuning.space import ROLE_MTP_OFF, ROLE_SEARCH
+    from tuning.sweep import _build_search_alg
+
+    argv = ["--model", str(model_dir), "--tp", "1", "--memory-fraction", "0.05,0.1", "--max-concurrent-trials", "4",
+            "--run-dir", str(tmp_path / "r")]
+    spec = build_spec(_parser().parse_args([*argv, *(["--share-gpu"] if share_gpu else [])]), cluster_gpus=1)
+    assert spec.share_gpu is share_gpu
+    (tmp_path / "r").mkdir()
+    write_budget(tmp_path / "r", num_trials=8, time_budget_s=None)
+    searcher = _build_search_alg(spec).searcher  # the concurrency limiter, as Tune calls it
+    searcher.set_search_properties("score", "max", {})
+
+    first = searcher.suggest("t1")
+    assert first["role"] == ROLE_MTP_OFF
+    if not share_gpu:
+        assert searcher.suggest("t2")["role"] == ROLE_STATIC
+        assert searcher.suggest("t3")["role"] == ROLE_SEARCH
+        return
+    assert searcher.suggest("t2") is None  # held while the MTP-off baseline runs
+    searcher.on_trial_complete("t1", {"score": 1.0, "engine_key": "a"})
+    assert searcher.suggest("t2")["role"] == ROLE_STATIC
+    assert searcher.suggest("t3") is None
+    searcher.on_trial_complete("t2", None, error=True)  # an errored baseline holds nothing back
+    assert searcher.suggest("t3")["role"] == ROLE_SEARCH
+    assert searcher.suggest("t4")["role"] == ROLE_SEARCH  # search trials run side by side
+
+
 def test_share_gpu_is_refused_for_tp_above_one(tmp_path, model_dir):
     args = _parser().parse_args(["--model", str(model_dir), "--tp", "2", "--share-gpu",
                                  "--run-dir", str(tmp_path / "r")])

@@ -265,17 +265,26 @@ def _make_searchers() -> tuple[type, type]:
         Optuna at once with the measured result (tagged ``duplicate_of``) and TPE is asked again, so
         a Tune trial — and the budget — goes to a config not yet measured. After
         ``max_dedupe_attempts`` the duplicate is run anyway; the trial then reports the cached
-        result (see :class:`tuning.trial.ResultCache`)."""
+        result (see :class:`tuning.trial.ResultCache`).
+
+        ``named_first`` (shared GPUs): while a named point (a baseline) is suggested and not complete,
+        nothing else is suggested. Ray grants GPU shares to whichever request fits, so a baseline's
+        0.9-GPU reservation waits behind every small search trial that keeps fitting (GPU run 4: the
+        static baseline waited 9 minutes, then a call's deadline cut it) — and without both baselines
+        no table is committed. A 0.9 share runs alone anyway, so running the baselines first, one
+        after another, costs the one-GPU sweep nothing."""
 
         max_dedupe_attempts = 20
 
-        def __init__(self, searcher: Any, budget_path: str, space: SearchSpace) -> None:
+        def __init__(self, searcher: Any, budget_path: str, space: SearchSpace, *, named_first: bool = False) -> None:
             super().__init__(metric=searcher.metric, mode=searcher.mode)
             self.searcher = searcher
             self.budget_path = budget_path
             self.space = space
+            self.named_first = named_first
             self.known: dict[str, dict[str, Any]] = {}
             self.running: dict[str, str] = {}  # trial id -> engine key, suggested and not complete
+            self.named_open: set[str] = set()  # named points suggested and not complete
 
         def _asked(self) -> int:
             from optuna.trial import TrialState
@@ -299,6 +308,8 @@ def _make_searchers() -> tuple[type, type]:
                 return self.searcher.suggest(trial_id)
             if n is not None and self._asked() >= n:
                 return Searcher.FINISHED
+            if self.named_first and self.named_open:
+                return None  # not now: Tune asks again
             inner = self.searcher
             for attempt in range(self.max_dedupe_attempts):
                 tmp = f"{trial_id}~{attempt}"
@@ -310,6 +321,8 @@ def _make_searchers() -> tuple[type, type]:
                     inner._ot_trials[trial_id] = inner._ot_trials.pop(tmp)
                     if key:
                         self.running[trial_id] = key
+                    if config.get("role", ROLE_SEARCH) != ROLE_SEARCH:
+                        self.named_open.add(trial_id)
                     return config
                 inner._ot_trials[tmp].set_user_attr("duplicate_of", key)
                 # Measured: tell TPE the measured value. Being measured: pruned (TPE ignores it).
@@ -321,6 +334,7 @@ def _make_searchers() -> tuple[type, type]:
 
         def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
             self.running.pop(trial_id, None)
+            self.named_open.discard(trial_id)
             if result and result.get("engine_key") and not error:
                 keep = {k: v for k, v in result.items() if k == "score" or k.startswith("tput_")}
                 self.known.setdefault(result["engine_key"], keep)
@@ -432,7 +446,8 @@ def _build_search_alg(spec: SweepSpec) -> Any:
     optuna_search = OptunaSearch(space=spec.space, metric=metric, mode=mode, sampler=sampler,
                                  study_name=_study_name(spec), storage=storage)
     BudgetedSearch, ResumableSearchGenerator = _make_searchers()
-    budgeted = BudgetedSearch(optuna_search, str(Path(spec.run_dir) / BUDGET_FILE), spec.space)
+    budgeted = BudgetedSearch(optuna_search, str(Path(spec.run_dir) / BUDGET_FILE), spec.space,
+                              named_first=spec.share_gpu)
     limited = ConcurrencyLimiter(budgeted, max_concurrent=spec.max_concurrent_trials)
     return ResumableSearchGenerator(limited)
 

@@ -624,9 +624,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="pass --serve-gpus N to the shared-GPU sweep (commit a table that fits N GPUs; e.g. 1 "
                         "to serve the one-GPU sweep's table on that GPU)")
     p.add_argument("--draft-tokens", default="1,2,3,4")
-    p.add_argument("--memory-fractions", default="0.05,0.1,0.15",
-                   help="searched fractions; small ones let 3-4 engines start per round on a shared GPU (0.05 of an "
-                        "H200 is ~7 GB of KV, far more than the test checkpoint uses)")
+    p.add_argument("--memory-fractions", default="0.03,0.06",
+                   help="searched fractions; with --share-gpu a trial reserves its fraction + 0.1 of the GPU, so "
+                        "0.03 / 0.06 let all six search trials of an 8-trial sweep start together (run 4's "
+                        "0.05-0.15 allowed four: a second round of start-ups did not fit one call). 0.03 of an "
+                        "H200 is ~4 GB of KV, far more than the test checkpoint uses")
     p.add_argument("--max-batch-size", type=int, default=64)
     p.add_argument("--session-len", type=int, default=4096)
     p.add_argument("--time-budget-s", type=float, default=None,
