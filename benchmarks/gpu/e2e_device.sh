@@ -61,7 +61,7 @@ case $STEP in
     CUDA_VISIBLE_DEVICES=$TG taskset -c "$GPU_CPUS" setsid nohup python3 -m tuning.checkpoint.train /root/ckpt --minutes "${TRAIN_MINUTES:-2}" \
       > /root/e2e/train.log 2>&1 < /dev/null &
     CUDA_VISIBLE_DEVICES=0 taskset -c "$GPU_CPUS" setsid nohup python3 benchmarks/gpu/warm_up.py /root/warm > /root/e2e/warm.log 2>&1 < /dev/null &
-    sleep 20; tail -2 /root/e2e/train.log /root/e2e/warm.log
+    sleep 20; tail -n 2 /root/e2e/train.log /root/e2e/warm.log
     ;;
   e4)
     python3 -c "import ray, optuna, ray.tune, ray.serve, lmdeploy, flash_attn_interface, fastapi; print('imports ok: ray', ray.__version__, 'optuna', optuna.__version__, 'lmdeploy', lmdeploy.__version__, 'fastapi', fastapi.__version__)"
