@@ -404,3 +404,22 @@ def test_deploy_refuses_a_table_whose_engines_do_not_fit_the_cluster(tmp_path, r
     with pytest.raises(ConfigError, match="reserves 0.8 GPUs .* cluster has 0"):
         deploy({"routing_table": str(path), "engine": {"share_gpu": True}}, app_name="too-big")
     assert "too-big" not in serve.status().applications
+
+
+def test_a_real_engine_sweep_warns_about_buckets_measured_with_less_than_two_waves(tmp_path, model_dir):
+    """One wave is not steady state on a real engine (0.77-1.19x the four-wave figure on an H200): the
+    sweep runs it, and says so per bucket; the defaults (2-8 waves) and the simulator get no warning."""
+    from tuning.sweep import short_measurement_warnings
+
+    real = ["--model", str(model_dir), "--tp", "1", "--run-dir", str(tmp_path / "r"), "--buckets", "256,2048",
+            "--concurrency", "64"]
+    one_wave = build_spec(_parser().parse_args([*real, "--num-prompts", "64"]), cluster_gpus=1)
+    warnings = short_measurement_warnings(one_wave)
+    assert [w.split(":")[0] for w in warnings] == ["le256", "le2048"]
+    assert "64 prompts at concurrency 64 is 1 wave(s)" in warnings[0]
+    assert short_measurement_warnings(build_spec(_parser().parse_args([*real, "--num-prompts", "128"]),
+                                                 cluster_gpus=1)) == []
+    assert short_measurement_warnings(build_spec(_parser().parse_args(real), cluster_gpus=1)) == []  # defaults
+    sim = build_spec(_parser().parse_args(["--run-dir", str(tmp_path / "s"), "--num-prompts", "64",
+                                           "--concurrency", "64"]), cluster_gpus=0)
+    assert sim.simulated and short_measurement_warnings(sim) == []

@@ -16,9 +16,15 @@ from typing import Any
 from orchestrator.errors import ConfigError
 from tuning.workload import Workload
 
-__all__ = ["Bucket", "DEFAULT_BOUNDS", "bucket_name", "make_buckets"]
+__all__ = ["Bucket", "DEFAULT_BOUNDS", "MIN_MEASURED_WAVES", "bucket_name", "make_buckets"]
 
 DEFAULT_BOUNDS = (1024, 4096, 8192, 16384)
+
+MIN_MEASURED_WAVES = 2
+"""Fewer prompts than this many times the concurrency is not a steady-state measurement: on an H200
+one wave (64 prompts at concurrency 64) measured 0.77x (le2048: the batch empties over the drawn output
+lengths) and 1.19x (le256: no prefills between decode steps) the four-wave figure, with 12-17 % run-to-run
+CV against 8-10 % (``benchmarks/results/gpu_noise_h200_2026-11-30.md``)."""
 
 
 def bucket_name(max_output_len: int) -> str:
@@ -57,6 +63,11 @@ class Bucket:
     @property
     def primary_concurrency(self) -> int:
         return self.concurrency_levels[0]
+
+    @property
+    def waves(self) -> float:
+        """Measured prompts per concurrency slot at the primary load: how many times the batch refills."""
+        return self.workload.num_prompts / self.primary_concurrency
 
     def workload_at(self, concurrency: int) -> Workload:
         """The bucket's workload at another load; prompts scale so the engine stays saturated."""

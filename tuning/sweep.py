@@ -72,7 +72,7 @@ from orchestrator.config import EngineConfig
 from orchestrator.errors import ConfigError, OrchestratorError
 from tuning import routing
 from tuning.budget import BUDGET_FILE, TimeBudgetSpent, read_budget, write_budget
-from tuning.buckets import Bucket, make_buckets
+from tuning.buckets import MIN_MEASURED_WAVES, Bucket, make_buckets
 from tuning.results import (
     STATUS_OK,
     Constraints,
@@ -808,6 +808,18 @@ def _has_vision_tower(model: str) -> bool:
         return False
 
 
+def short_measurement_warnings(spec: SweepSpec) -> list[str]:
+    """Real-engine buckets measured with fewer than :data:`~tuning.buckets.MIN_MEASURED_WAVES` waves:
+    allowed (a quick check, a sweep that must fit a time slot), but their figures are not steady state
+    and cannot rank close configs, which the person running the sweep should know before trusting the table."""
+    if spec.simulated:
+        return []
+    return [f"{b.name}: {b.workload.num_prompts} prompts at concurrency {b.primary_concurrency} is "
+            f"{b.waves:.3g} wave(s); fewer than {MIN_MEASURED_WAVES} is not a steady-state measurement (on an H200 "
+            "one wave read 0.77-1.19x the four-wave figure, CV 12-17 %: benchmarks/results/gpu_noise_h200_2026-11-30.md)"
+            for b in spec.buckets if b.waves < MIN_MEASURED_WAVES]
+
+
 def build_spec(args: argparse.Namespace, defaults: Mapping[str, Any] | None = None,
                cluster_gpus: int = 0, cluster_cpus: int = 2) -> SweepSpec:
     """Defaults (``defaults.yaml``; its ``sim`` section when no ``--model``), then ``--space FILE``,
@@ -1089,6 +1101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.print(f"{label}sweep {spec.sweep_id}: {spec.space.size()} distinct configs, "
                       f"{len(spec.buckets)} buckets, budget {num_trials} trials, "
                       f"{spec.max_concurrent_trials} in parallel; run dir {spec.run_dir}")
+        for note in short_measurement_warnings(spec):
+            console.print(f"[yellow]warning:[/] {note}")
         outcome = run_sweep(spec, num_trials=num_trials, time_budget_s=args.time_budget_s, resume=resume,
                             live=not args.no_live, commit_to=())
         print_summary(outcome, console=console)
