@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +44,17 @@ def read_budget(path: str | Path) -> dict[str, Any]:
         return {}
 
 
+def time_budget_spent(budget: Mapping[str, Any]) -> bool:
+    """Whether ``budget`` (as :func:`read_budget` returns it) has a time budget, and it has run out."""
+    deadline = budget.get("deadline")
+    return deadline is not None and time.time() >= deadline
+
+
 def check_time_budget(run_dir: str | Path) -> None:
     """Raise :class:`TimeBudgetSpent` if the sweep's time budget has run out (no new engine may start)."""
     budget = read_budget(Path(run_dir) / BUDGET_FILE)
-    deadline = budget.get("deadline")
-    if deadline is not None and time.time() >= deadline:
-        ran_out = _dt.datetime.fromtimestamp(deadline, _dt.timezone.utc).strftime("%H:%M:%S UTC")
+    if time_budget_spent(budget):
+        ran_out = _dt.datetime.fromtimestamp(budget["deadline"], _dt.timezone.utc).strftime("%H:%M:%S UTC")
         raise TimeBudgetSpent(
             f"not started: the sweep's time budget (--time-budget-s {budget.get('time_budget_s'):g}) ran out at "
             f"{ran_out}, before this trial got its resources; --resume RUN_DIR with a larger --time-budget-s runs it")

@@ -71,7 +71,7 @@ import yaml
 from orchestrator.config import EngineConfig
 from orchestrator.errors import ConfigError, OrchestratorError
 from tuning import routing
-from tuning.budget import BUDGET_FILE, TimeBudgetSpent, read_budget, write_budget
+from tuning.budget import BUDGET_FILE, TimeBudgetSpent, read_budget, time_budget_spent, write_budget
 from tuning.buckets import MIN_MEASURED_WAVES, Bucket, make_buckets
 from tuning.results import (
     STATUS_OK,
@@ -301,8 +301,8 @@ def _make_searchers() -> tuple[type, type]:
 
         def suggest(self, trial_id: str) -> dict | None:
             budget = read_budget(self.budget_path)
-            n, deadline = budget.get("num_trials"), budget.get("deadline")
-            if deadline is not None and time.time() >= deadline:
+            n = budget.get("num_trials")
+            if time_budget_spent(budget):
                 return Searcher.FINISHED
             if trial_id in self.searcher._ot_trials:
                 return self.searcher.suggest(trial_id)
