@@ -19,17 +19,17 @@ import argparse
 import json
 import os
 import platform
-import signal
 import statistics
-import subprocess
 import sys
-import time
+import tempfile
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from orchestrator.config import EngineConfig  # noqa: E402
+from orchestrator.engine import EngineProcess  # noqa: E402
 from tuning.bench import benchmark  # noqa: E402
 from tuning.workload import Workload  # noqa: E402
 
@@ -40,25 +40,6 @@ def _measure(url: str, workload: Workload) -> dict[str, Any]:
     r = benchmark(url, workload).to_dict()
     return {"output_throughput": round(r["output_throughput"], 1),
             "ttft_ms_median": round((r.get("ttft_ms") or {}).get("median") or 0.0, 1), "failed": r.get("failed")}
-
-
-def _start_sim(port: int, time_scale: float) -> subprocess.Popen:
-    import httpx
-
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.sim", "--profile", PROFILE, "--server-port", str(port),
-                             "--time-scale", str(time_scale)], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"simulated engine exited with {proc.returncode}")
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1)
-            return proc
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    os.killpg(proc.pid, signal.SIGKILL)
-    raise RuntimeError("simulated engine not ready in 60 s")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,10 +62,15 @@ def main(argv: list[str] | None = None) -> int:
     # One CPU, as a sweep trial reserves; the worker imports the same client.
     in_worker = ray.remote(num_cpus=1)(_measure)
     results: list[dict[str, Any]] = []
+    log_dir = tempfile.mkdtemp(prefix="client_in_ray_worker-")
     for scale in (float(s) for s in a.time_scale.split(",")):
-        sim = _start_sim(a.port, scale)
-        url = f"http://127.0.0.1:{a.port}"
+        # The profile's own tp (8) and the simulator's defaults, no speculative flags.
+        sim = EngineProcess(EngineConfig(backend="sim", model=PROFILE, tp=8), port=a.port, log_dir=log_dir,
+                            ready_timeout_s=60, sim_time_scale=scale)
+        sim.start()
         try:
+            sim.wait_until_ready()
+            url = sim.base_url
             for i, where in enumerate(["plain", "ray_worker", "ray_worker", "plain"] * a.rounds):
                 r = _measure(url, workload) if where == "plain" else ray.get(in_worker.remote(url, workload))
                 results.append({"time_scale": scale, "run": i, "where": where, **r})
@@ -92,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"(simulated time; ~{r['output_throughput'] * scale:,.0f} wall), median TTFT {r['ttft_ms_median']} ms",
                       flush=True)
         finally:
-            os.killpg(sim.pid, signal.SIGKILL)
+            sim.stop()
     ray_version = ray.__version__
     ray.shutdown()
 
