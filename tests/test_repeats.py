@@ -145,12 +145,10 @@ def test_the_burn_in_runs_the_first_bucket_once_more_unmeasured(tmp_path):
     assert deltas[True] - deltas[False] == first.num_prompts + first.warmup_requests
 
 
-def test_burn_in_is_on_for_real_engines_and_can_be_turned_off(tmp_path):
+def test_burn_in_is_on_for_real_engines_and_can_be_turned_off(tmp_path, model_dir):
     from tuning.sweep import _parser, build_spec
 
-    model = tmp_path / "m"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
+    model = model_dir
     run_dir = str(tmp_path / "r")
 
     def spec(*argv):

@@ -167,14 +167,12 @@ def test_lmdeploy_sweep_of_a_vision_language_checkpoint_serves_language_only(tmp
     assert flags(text) == {()}
 
 
-def test_real_engines_are_warmed_up_before_each_bucket_is_measured(tmp_path):
+def test_real_engines_are_warmed_up_before_each_bucket_is_measured(tmp_path, model_dir):
     """A fresh LMDeploy engine's first batch pays one-time set-up (measured on the H200: ~2 s median
     TTFT vs ~0.7 s warm), so GPU sweeps warm each bucket up; the simulator has nothing to warm."""
     from tuning.sweep import GPU_WARMUP_REQUESTS, _parser, build_spec
 
-    model = tmp_path / "m"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
+    model = model_dir
     run_dir = str(tmp_path / "r")
     gpu = build_spec(_parser().parse_args(["--model", str(model), "--run-dir", run_dir]), cluster_gpus=8)
     sim = build_spec(_parser().parse_args(["--run-dir", run_dir]), cluster_gpus=0)
@@ -185,15 +183,12 @@ def test_real_engines_are_warmed_up_before_each_bucket_is_measured(tmp_path):
     assert {b.workload.warmup_requests for b in flag.buckets} == {8}
 
 
-def test_the_tables_gpu_and_lmdeploy_version_come_from_the_rows_the_trials_measured(tmp_path):
+def test_the_tables_gpu_and_lmdeploy_version_come_from_the_rows_the_trials_measured(tmp_path, model_dir):
     """The driver can run where there is no GPU and no LMDeploy (``--address ray://...``, or a table
     committed afterwards from a run dir): the provenance names the node the trials measured on."""
     from tuning.sweep import _parser, build_spec, provenance_for
 
-    model = tmp_path / "ckpt"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
-    spec = build_spec(_parser().parse_args(["--model", str(model), "--tp", "1", "--run-dir", str(tmp_path / "r")]),
+    spec = build_spec(_parser().parse_args(["--model", str(model_dir), "--tp", "1", "--run-dir", str(tmp_path / "r")]),
                       cluster_gpus=1)
     rows = pd.DataFrame([
         {"status": "ok", "gpu_type": "NVIDIA H200", "lmdeploy_version": "0.18.0"},
