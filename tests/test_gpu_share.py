@@ -82,6 +82,42 @@ def test_on_a_shared_gpu_the_baselines_start_before_any_search_trial(tmp_path, m
     assert searcher.suggest("t4")["role"] == ROLE_SEARCH  # search trials run side by side
 
 
+@pytest.mark.parametrize("finished_after_save", [False, True])
+def test_a_resumed_shared_sweep_keeps_holding_a_baseline_that_tune_restarts(tmp_path, model_dir, finished_after_save):
+    """The hold above is searcher state: saved with Tune's experiment and restored on ``--resume``
+    (through the search generator, as Tune does), so a static baseline cut by a call's limit and
+    restarted is not overtaken by small search trials. A baseline that finished after the last save
+    (the study has it, Tune's saved state not) holds nothing back: no resumed sweep waits forever."""
+    from tuning.budget import write_budget
+    from tuning.space import ROLE_SEARCH
+    from tuning.sweep import _build_search_alg
+
+    argv = ["--model", str(model_dir), "--tp", "1", "--memory-fraction", "0.05,0.1", "--max-concurrent-trials", "4",
+            "--share-gpu", "--run-dir", str(tmp_path / "r")]
+    spec = build_spec(_parser().parse_args(argv), cluster_gpus=1)
+    (tmp_path / "r").mkdir()
+    write_budget(tmp_path / "r", num_trials=8, time_budget_s=None)
+    generator = _build_search_alg(spec)
+    searcher = generator.searcher
+    searcher.set_search_properties("score", "max", {})
+    searcher.suggest("t1")
+    searcher.on_trial_complete("t1", {"score": 1.0, "engine_key": "a"})
+    assert searcher.suggest("t2")["role"] == ROLE_STATIC
+    saved = tmp_path / "experiment"
+    saved.mkdir()
+    generator.save_to_dir(str(saved), "session")
+    if finished_after_save:
+        searcher.on_trial_complete("t2", {"score": 2.0, "engine_key": "b"})
+
+    resumed = _build_search_alg(spec)  # same run dir, same study
+    resumed.restore_from_dir(str(saved))
+    searcher = resumed.searcher
+    if not finished_after_save:
+        assert searcher.suggest("t3") is None  # Tune restarts t2; nothing starts beside it
+        searcher.on_trial_complete("t2", {"score": 2.0, "engine_key": "b"})
+    assert searcher.suggest("t3")["role"] == ROLE_SEARCH
+
+
 def test_share_gpu_is_refused_for_tp_above_one(tmp_path, model_dir):
     args = _parser().parse_args(["--model", str(model_dir), "--tp", "2", "--share-gpu",
                                  "--run-dir", str(tmp_path / "r")])

@@ -285,6 +285,7 @@ def _make_searchers() -> tuple[type, type]:
             self.known: dict[str, dict[str, Any]] = {}
             self.running: dict[str, str] = {}  # trial id -> engine key, suggested and not complete
             self.named_open: set[str] = set()  # named points suggested and not complete
+            self._named_open_checked = True  # False after a restore, until checked against the study
 
         def _asked(self) -> int:
             from optuna.trial import TrialState
@@ -308,6 +309,8 @@ def _make_searchers() -> tuple[type, type]:
                 return self.searcher.suggest(trial_id)
             if n is not None and self._asked() >= n:
                 return Searcher.FINISHED
+            if self.named_first and self.named_open and not self._named_open_checked:
+                self._drop_finished_named()
             if self.named_first and self.named_open:
                 return None  # not now: Tune asks again
             inner = self.searcher
@@ -365,12 +368,29 @@ def _make_searchers() -> tuple[type, type]:
             return self.searcher.mode
 
         def get_state(self) -> dict:
-            return {"budget_path": self.budget_path, "known": dict(self.known), "running": dict(self.running)}
+            """Saved by Tune's search generator with the experiment (the wrapped Optuna searcher is
+            saved on its own). The budget path is not state: it follows the run dir."""
+            return {"known": dict(self.known), "running": dict(self.running), "named_open": sorted(self.named_open)}
 
         def set_state(self, state: dict) -> None:
-            self.budget_path = state.get("budget_path", self.budget_path)
+            """A resumed sweep keeps deduplicating against what was measured, and keeps holding back
+            search trials while a baseline that Tune restarts is open (else a restarted 0.9-GPU
+            baseline waits behind small trials again). Tune restores this before the Optuna searcher,
+            so the baselines that finished after the last save are dropped at the first suggestion."""
             self.known = dict(state.get("known", {}))
             self.running = dict(state.get("running", {}))
+            self.named_open = set(state.get("named_open", ()))
+            self._named_open_checked = False
+
+        def _drop_finished_named(self) -> None:
+            """Keep only the open baselines whose Optuna trial is still running: the study records a
+            completion at once, Tune's saved state only every few seconds."""
+            from optuna.trial import TrialState
+
+            self._named_open_checked = True
+            running = {t.number for t in self.searcher._ot_study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+            trials = self.searcher._ot_trials
+            self.named_open = {tid for tid in self.named_open if tid in trials and trials[tid].number in running}
 
         def save(self, checkpoint_path: str) -> None:
             self.searcher.save(checkpoint_path)
