@@ -70,6 +70,15 @@ def test_tiny_sweep_picks_per_bucket_best_and_survives_a_crash(tmp_path):
     assert short.num_draft_tokens < long_.num_draft_tokens, table.to_json()
     assert table.bucket("le4096").gains["mtp_off"] > 0
 
+    # The summary's mixed-workload line: buckets that disagree make the table beat every single config.
+    from tuning.mixed import bucket_tokens, per_config_throughput, predict
+    from tuning.sweep import mixed_line
+
+    pred = predict(per_config_throughput(df), bucket_tokens(df, spec.buckets))
+    assert pred.ratio > 1.0 and len(pred.singles) == 4  # the crashed config measured nothing
+    line = mixed_line(table, df, spec)
+    assert f"{pred.ratio:.2f}x" in line and "predicted" in line, line
+
 
 def test_resume_continues_without_rerunning(tmp_path):
     spec = _spec(tmp_path, _space(num_draft_tokens=(1, 2, 3)), sweep_id="resume")

@@ -1050,6 +1050,9 @@ def print_summary(outcome: SweepOutcome, *, console: Any = None) -> None:
                       _pct(r["gain_vs_mtp_off"]), _pct(r["gain_vs_static"]))
         console.print(t)
         console.print(serving_line(outcome.table, spec))
+        mixed = mixed_line(outcome.table, df, spec)
+        if mixed:
+            console.print(mixed)
         for note in (budget.notes if budget else ()):
             console.print(f"  - {note}")
         if outcome.error:
@@ -1076,6 +1079,30 @@ def serving_line(table: RoutingTable, spec: SweepSpec) -> str:
     if spec.serve_gpus is not None:
         line += f" (chosen to fit --serve-gpus {spec.serve_gpus}{' --share-gpu' if spec.share_gpu else ''})"
     return line
+
+
+def mixed_line(table: RoutingTable, results: Any, spec: SweepSpec) -> str | None:
+    """The table against the best single config on the buckets in proportion, predicted from this
+    sweep's figures (:mod:`tuning.mixed`): whether serving several configs pays at all."""
+    from tuning.mixed import bucket_tokens, per_config_throughput, predict
+
+    if results.empty:
+        return None
+    tokens = bucket_tokens(results, spec.buckets)
+    per_config = per_config_throughput(results)
+    per_bucket = {}
+    for b in table.buckets:
+        per_bucket[b.name] = per_config.get(b.engine_config().key(), {}).get(b.name) or b.figures.output_throughput
+    if set(tokens) != set(per_bucket):
+        return None
+    pred = predict(per_config, tokens, per_bucket)
+    if pred.best_single is None:
+        return None
+    key, single = pred.best_single
+    label = results.loc[results["engine_key"] == key, "engine_label"].iloc[0]
+    return (f"mixed workload: {pred.per_bucket_throughput:,.0f} tok/s with this table vs {single:,.0f} with the best "
+            f"single config ({label}) everywhere: {pred.ratio:.2f}x (each bucket's workload once; predicted from "
+            "these figures, not measured)")
 
 
 def _pct(v: float | None) -> str:

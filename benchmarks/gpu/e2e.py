@@ -410,30 +410,26 @@ def mixed_runs(reqs: list[tuple[str, int]], concurrency: int, repeats: int) -> d
 
 
 def best_static(run_dir: Path, buckets: Sequence[Any], reqs: list[tuple[str, int]]) -> tuple[EngineConfig, dict]:
-    """The single config with the best predicted mixed-workload throughput from the sweep's rows:
-    total tokens / sum over buckets of (bucket tokens / its throughput) — the time one engine would
-    need to serve every bucket's share."""
+    """The single config with the best predicted throughput on the mixed requests ``reqs`` from the
+    sweep's rows (:func:`tuning.mixed.predict`: the time one engine would need to serve every bucket's
+    share at that bucket's measured rate)."""
     import pandas as pd
 
-    df = pd.read_csv(run_dir / "results.csv")
-    df = df[(df["status"] == "ok") & (df["primary_load"])]
-    share = {b.name: 0 for b in buckets}
-    for _, n in reqs:
-        name = next(b.name for b in buckets if n <= b.max_output_len)
-        share[name] += n
-    scores = {}
-    for key, g in df.groupby("engine_key"):
-        tput = dict(zip(g["bucket"], g["output_throughput"]))
-        if all(tput.get(b) for b in share):
-            scores[key] = sum(share.values()) / sum(share[b] / tput[b] for b in share)
+    from tuning.mixed import per_config_throughput, predict
     from tuning.results import config_of_row
 
-    key = max(scores, key=scores.get)
+    df = pd.read_csv(run_dir / "results.csv")
+    tokens = {b.name: 0 for b in buckets}
+    for _, n in reqs:
+        tokens[next(b.name for b in buckets if n <= b.max_output_len)] += n
+    pred = predict(per_config_throughput(df), tokens)
+    key, tput = pred.best_single
     cfg = EngineConfig.from_dict(config_of_row(df[df["engine_key"] == key].iloc[0]))
     if cfg.key() != key:
         raise RuntimeError(f"rebuilt config {cfg.key()} differs from the sweep's {key}")
-    return cfg, {"engine_key": key, "predicted_mixed_tput": round(scores[key], 1),
-                 "ranking": sorted(((round(v, 1), k) for k, v in scores.items()), reverse=True)[:6]}
+    return cfg, {"engine_key": key, "predicted_mixed_tput": round(tput, 1),
+                 "predicted_table_cap": round(pred.ratio, 3),
+                 "ranking": [(round(v, 1), k) for k, v in pred.singles[:6]]}
 
 
 def static_table(table: routing.RoutingTable, cfg: EngineConfig, path: Path) -> Path:

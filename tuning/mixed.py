@@ -1,0 +1,95 @@
+"""What a mixed workload would sustain, predicted from per-bucket figures: one config for every
+bucket, or the routing table's config per bucket.
+
+Why: a routing table runs one engine per distinct config. Whether that beats the best single config
+everywhere is what a user wants to know before deploying it, and the sweep's figures already say how
+much it can: on GPU run 5 (``benchmarks/results/gpu_e2e_h200_2026-11-30_run5/``) they predicted at
+most 1.08x, and serving measured 1.02x.
+
+The prediction is the time to serve each bucket's share of the output tokens at that bucket's
+measured rate: ``total tokens / sum_b(tokens_b / throughput_b)``. It ignores what mixing does inside
+one engine (short requests' prefills landing between long requests' decode steps) and how a deployment
+spreads load over its engines, so it is an estimate of a ratio, not a measurement of one.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from tuning.buckets import Bucket
+
+__all__ = ["MixedPrediction", "bucket_tokens", "mixed_throughput", "per_config_throughput", "predict"]
+
+
+def mixed_throughput(throughput: Mapping[str, float], tokens: Mapping[str, float]) -> float:
+    """Output tok/s of the mix ``tokens`` (output tokens per bucket) at ``throughput`` (tok/s per bucket)."""
+    total = sum(tokens.values())
+    if total <= 0:
+        raise ValueError(f"a mixed workload needs output tokens, got {dict(tokens)}")
+    missing = [b for b, n in tokens.items() if n > 0 and not throughput.get(b)]
+    if missing:
+        raise ValueError(f"no throughput for bucket(s) {missing} of the mix")
+    return total / sum(n / throughput[b] for b, n in tokens.items() if n > 0)
+
+
+def per_config_throughput(results: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """Engine key -> bucket -> mean output tok/s over the successful primary-load rows of a sweep's
+    results (several rows per config and bucket when a config was measured again or repeated)."""
+    ok = results[(results["status"] == "ok") & results["primary_load"].astype(bool)]
+    ok = ok[ok["output_throughput"].notna() & (ok["output_throughput"] > 0)]
+    out: dict[str, dict[str, float]] = {}
+    for (key, bucket), g in ok.groupby(["engine_key", "bucket"]):
+        out.setdefault(str(key), {})[str(bucket)] = float(g["output_throughput"].mean())
+    return out
+
+
+def bucket_tokens(results: pd.DataFrame, buckets: Sequence[Bucket]) -> dict[str, float]:
+    """Output tokens of each bucket's own workload once (its prompts x the tokens a request of it
+    produced, output over request throughput in its successful rows): the mix "buckets in proportion"
+    when every bucket's workload stands for its share of the traffic."""
+    ok = results[(results["status"] == "ok") & results["primary_load"].astype(bool)]
+    out = {}
+    for b in buckets:
+        rows = ok[(ok["bucket"] == b.name) & (ok["request_throughput"].fillna(0) > 0)]
+        if rows.empty:
+            continue
+        per_request = float((rows["output_throughput"] / rows["request_throughput"]).median())
+        out[b.name] = b.workload.num_prompts * per_request
+    return out
+
+
+@dataclass(frozen=True)
+class MixedPrediction:
+    """The mix's predicted throughput with per-bucket configs (``per_bucket``) and with each single
+    config measured on every bucket of the mix, best first."""
+
+    tokens: Mapping[str, float]
+    per_bucket_throughput: float
+    singles: tuple[tuple[str, float], ...] = field(default_factory=tuple)
+    """(engine key, predicted mixed tok/s), best first."""
+
+    @property
+    def best_single(self) -> tuple[str, float] | None:
+        return self.singles[0] if self.singles else None
+
+    @property
+    def ratio(self) -> float | None:
+        """Per-bucket configs over the best single config (``None`` without a single candidate)."""
+        best = self.best_single
+        return self.per_bucket_throughput / best[1] if best else None
+
+
+def predict(per_config: Mapping[str, Mapping[str, float]], tokens: Mapping[str, float],
+            per_bucket: Mapping[str, float] | None = None) -> MixedPrediction:
+    """Predict the mix ``tokens`` served by ``per_bucket`` (tok/s per bucket, e.g. a routing table's
+    figures; default: the best measured config of each bucket, i.e. what no table can beat on these
+    figures) and by every config of ``per_config`` that was measured on all of the mix's buckets."""
+    buckets = [b for b, n in tokens.items() if n > 0]
+    if per_bucket is None:
+        per_bucket = {b: max((t[b] for t in per_config.values() if t.get(b)), default=0.0) for b in buckets}
+    singles = sorted(((key, mixed_throughput(t, tokens)) for key, t in per_config.items()
+                      if all(t.get(b) for b in buckets)), key=lambda kv: -kv[1])
+    return MixedPrediction(tokens=dict(tokens), per_bucket_throughput=mixed_throughput(per_bucket, tokens),
+                           singles=tuple(singles))
