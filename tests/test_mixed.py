@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from tuning.buckets import make_buckets
-from tuning.mixed import bucket_tokens, mixed_throughput, per_config_throughput, predict
+from tuning.mixed import bucket_prompts, bucket_tokens, mixed_throughput, per_config_throughput, predict
 
 
 def test_mixed_throughput_is_total_tokens_over_the_time_each_bucket_takes():
@@ -57,4 +57,4 @@ def test_figures_and_token_shares_come_from_the_successful_primary_rows():
     df = pd.DataFrame(rows)
     assert per_config_throughput(df) == {"x": {"le256": 200.0, "le2048": 1000.0}}
     # 200 tokens per request at le256, 1600 at le2048; 64 prompts each.
-    assert bucket_tokens(df, buckets) == {"le256": 64 * 200.0, "le2048": 64 * 1600.0}
+    assert bucket_tokens(df, bucket_prompts(buckets)) == {"le256": 64 * 200.0, "le2048": 64 * 1600.0}

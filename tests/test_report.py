@@ -102,6 +102,18 @@ def test_cli_writes_pngs_and_a_self_contained_page(sim_run, tmp_path):
         assert name in page
     assert "t999" in page and "exit code 3" in page  # the failed trial, with its reason
     assert "+15.68%" in page  # the published table is shown beside the measured gains
+    assert "Mixed workload: the table vs one config everywhere" in page
+
+
+def test_mixed_summary_of_gpu_run_5_is_the_cap_its_readme_quotes():
+    """The committed H200 sweep of run 5: its README quotes the table at 15,363 tok/s predicted on the
+    mixed workload, 1.083x the best single config (MTP-4, fraction 0.06, 14,191)."""
+    run = report.load_run(ROOT / "benchmarks/results/gpu_e2e_h200_2026-11-30_run5/sweep_1gpu")
+    mixed = report.mixed_summary(run.table, run.results)
+    assert mixed["predicted_output_throughput"].iloc[0] == pytest.approx(15363, abs=1)
+    assert mixed["deployment"].iloc[1] == "pytorch-mtp4-mem0.06-bs64-tp1 for every bucket"
+    assert mixed["predicted_output_throughput"].iloc[1] == pytest.approx(14191, abs=1)
+    assert 1 + mixed["table_vs_this"].iloc[1] == pytest.approx(1.083, abs=0.001)
 
 
 def test_main_can_reference_the_pngs(sim_run, tmp_path):
@@ -161,6 +173,11 @@ def test_data_functions_on_the_synthetic_sweep(sim_run):
 
     summary = report.routing_summary(run.table)
     assert list(summary["bucket"]) == list(BUCKET_NAMES) and summary["config"].str.startswith("sim-").all()
+
+    mixed = report.mixed_summary(run.table, run.results)
+    assert mixed["deployment"].iloc[0].startswith("routing table")
+    assert len(mixed) == 1 + 5 and (mixed["table_vs_this"].iloc[1:] >= 0).all()  # the table has every bucket's best
+    assert mixed["predicted_output_throughput"].iloc[1:].is_monotonic_decreasing
 
     failed = report.failed_trials(run.results)
     assert list(failed["trial_id"]) == ["t999"] and failed["reason"].iloc[0] == FAILED_REASON

@@ -71,12 +71,12 @@ def test_tiny_sweep_picks_per_bucket_best_and_survives_a_crash(tmp_path):
     assert table.bucket("le4096").gains["mtp_off"] > 0
 
     # The summary's mixed-workload line: buckets that disagree make the table beat every single config.
-    from tuning.mixed import bucket_tokens, per_config_throughput, predict
+    from tuning.mixed import bucket_prompts, bucket_tokens, per_config_throughput, predict
     from tuning.sweep import mixed_line
 
-    pred = predict(per_config_throughput(df), bucket_tokens(df, spec.buckets))
+    pred = predict(per_config_throughput(df), bucket_tokens(df, bucket_prompts(spec.buckets)))
     assert pred.ratio > 1.0 and len(pred.singles) == 4  # the crashed config measured nothing
-    line = mixed_line(table, df, spec)
+    line = mixed_line(table, df)
     assert f"{pred.ratio:.2f}x" in line and "predicted" in line, line
 
 

@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from tuning.buckets import Bucket
+from tuning.routing import RoutingTable
 
-__all__ = ["MixedPrediction", "bucket_tokens", "mixed_throughput", "per_config_throughput", "predict"]
+__all__ = ["MixedPrediction", "bucket_prompts", "bucket_tokens", "mixed_throughput", "per_config_throughput", "predict",
+           "predict_for_table"]
 
 
 def mixed_throughput(throughput: Mapping[str, float], tokens: Mapping[str, float]) -> float:
@@ -45,19 +47,25 @@ def per_config_throughput(results: pd.DataFrame) -> dict[str, dict[str, float]]:
     return out
 
 
-def bucket_tokens(results: pd.DataFrame, buckets: Sequence[Bucket]) -> dict[str, float]:
-    """Output tokens of each bucket's own workload once (its prompts x the tokens a request of it
-    produced, output over request throughput in its successful rows): the mix "buckets in proportion"
-    when every bucket's workload stands for its share of the traffic."""
+def bucket_tokens(results: pd.DataFrame, prompts: Mapping[str, int]) -> dict[str, float]:
+    """Output tokens of each bucket's own workload once (``prompts[bucket]`` requests x the tokens a
+    request of it produced, output over request throughput in its successful rows): the mix "buckets
+    in proportion" when every bucket's workload stands for its share of the traffic. Buckets without
+    such rows are left out."""
     ok = results[(results["status"] == "ok") & results["primary_load"].astype(bool)]
     out = {}
-    for b in buckets:
-        rows = ok[(ok["bucket"] == b.name) & (ok["request_throughput"].fillna(0) > 0)]
+    for name, n in prompts.items():
+        rows = ok[(ok["bucket"] == name) & (ok["request_throughput"].fillna(0) > 0)]
         if rows.empty:
             continue
         per_request = float((rows["output_throughput"] / rows["request_throughput"]).median())
-        out[b.name] = b.workload.num_prompts * per_request
+        out[name] = int(n) * per_request
     return out
+
+
+def bucket_prompts(buckets: Sequence[Bucket]) -> dict[str, int]:
+    """Requests per bucket in the mix: each bucket's measured workload once."""
+    return {b.name: b.workload.num_prompts for b in buckets}
 
 
 @dataclass(frozen=True)
@@ -93,3 +101,20 @@ def predict(per_config: Mapping[str, Mapping[str, float]], tokens: Mapping[str, 
                       if all(t.get(b) for b in buckets)), key=lambda kv: -kv[1])
     return MixedPrediction(tokens=dict(tokens), per_bucket_throughput=mixed_throughput(per_bucket, tokens),
                            singles=tuple(singles))
+
+
+def predict_for_table(table: RoutingTable, results: pd.DataFrame) -> MixedPrediction | None:
+    """The routing table against every single config of the sweep that made it, on its buckets in
+    proportion (each bucket's workload once, as recorded in the table); ``None`` when the results do
+    not cover every bucket or no config was measured on all of them."""
+    prompts = {b.name: int(b.workload.get("num_prompts") or 0) for b in table.buckets}
+    if results.empty or not all(prompts.values()):
+        return None
+    tokens = bucket_tokens(results, prompts)
+    if set(tokens) != set(prompts):
+        return None
+    per_config = per_config_throughput(results)
+    per_bucket = {b.name: per_config.get(b.engine_config().key(), {}).get(b.name) or b.figures.output_throughput
+                  for b in table.buckets}
+    pred = predict(per_config, tokens, per_bucket)
+    return pred if pred.best_single is not None else None

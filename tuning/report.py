@@ -386,6 +386,25 @@ def routing_summary(table: RoutingTable | None, results: pd.DataFrame | None = N
     return pd.DataFrame(rows, columns=cols)
 
 
+def mixed_summary(table: RoutingTable | None, results: pd.DataFrame, *, top: int = 5) -> pd.DataFrame:
+    """The buckets in proportion served by the routing table and by each of the best ``top`` single
+    configs, predicted from the sweep's figures (:func:`tuning.mixed.predict_for_table`): deployment,
+    predicted_output_throughput, table_vs_this (the table's gain over that deployment). Empty without a
+    table or when no config was measured on every bucket."""
+    from tuning.mixed import predict_for_table
+
+    cols = ["deployment", "predicted_output_throughput", "table_vs_this"]
+    pred = predict_for_table(table, normalise(results)) if table is not None else None
+    if pred is None:
+        return pd.DataFrame(columns=cols)
+    labels = dict(zip(results["engine_key"], results["engine_label"]))
+    rows = [{"deployment": f"routing table ({len(table.distinct_configs())} configs)",
+             "predicted_output_throughput": pred.per_bucket_throughput, "table_vs_this": 0.0}]
+    rows += [{"deployment": f"{labels.get(key, key)} for every bucket", "predicted_output_throughput": tput,
+              "table_vs_this": pred.per_bucket_throughput / tput - 1} for key, tput in pred.singles[:top]]
+    return pd.DataFrame(rows, columns=cols)
+
+
 def failed_trials(results: pd.DataFrame) -> pd.DataFrame:
     """Failed measurements grouped by trial and reason: trial_id, role, config, buckets, reason."""
     failed = results[results["status"] == STATUS_FAILED]
@@ -620,6 +639,13 @@ def render_html(run: SweepRun, images: dict[str, str]) -> str:
     parts.append(_html_table(routing_summary(run.table, run.results), {
         "output_throughput": "num", "accept_length": "acc", "tpot_ms_median": "acc",
         "gain_vs_mtp_off": "pct", "gain_vs_static": "pct"}))
+    mixed = mixed_summary(run.table, run.results)
+    if not mixed.empty:
+        parts.append("<h2>Mixed workload: the table vs one config everywhere (predicted)</h2>"
+                     "<p>Each bucket's workload once, served at each bucket's measured rate: does running one config "
+                     "per bucket pay over the best single config? A prediction from these figures, not a "
+                     "measurement; within the figures' run-to-run noise it is no gain.</p>")
+        parts.append(_html_table(mixed, {"predicted_output_throughput": "num", "table_vs_this": "pct"}))
     sections = [
         ("throughput", "Output throughput vs output length",
          "One line per config at each bucket's primary load. The best few configs and both baselines are in colour."),

@@ -1050,7 +1050,7 @@ def print_summary(outcome: SweepOutcome, *, console: Any = None) -> None:
                       _pct(r["gain_vs_mtp_off"]), _pct(r["gain_vs_static"]))
         console.print(t)
         console.print(serving_line(outcome.table, spec))
-        mixed = mixed_line(outcome.table, df, spec)
+        mixed = mixed_line(outcome.table, df)
         if mixed:
             console.print(mixed)
         for note in (budget.notes if budget else ()):
@@ -1081,22 +1081,13 @@ def serving_line(table: RoutingTable, spec: SweepSpec) -> str:
     return line
 
 
-def mixed_line(table: RoutingTable, results: Any, spec: SweepSpec) -> str | None:
+def mixed_line(table: RoutingTable, results: Any) -> str | None:
     """The table against the best single config on the buckets in proportion, predicted from this
     sweep's figures (:mod:`tuning.mixed`): whether serving several configs pays at all."""
-    from tuning.mixed import bucket_tokens, per_config_throughput, predict
+    from tuning.mixed import predict_for_table
 
-    if results.empty:
-        return None
-    tokens = bucket_tokens(results, spec.buckets)
-    per_config = per_config_throughput(results)
-    per_bucket = {}
-    for b in table.buckets:
-        per_bucket[b.name] = per_config.get(b.engine_config().key(), {}).get(b.name) or b.figures.output_throughput
-    if set(tokens) != set(per_bucket):
-        return None
-    pred = predict(per_config, tokens, per_bucket)
-    if pred.best_single is None:
+    pred = predict_for_table(table, results)
+    if pred is None:
         return None
     key, single = pred.best_single
     label = results.loc[results["engine_key"] == key, "engine_label"].iloc[0]

@@ -45,7 +45,7 @@ def summarize(runs: list[dict[str, Any]], buckets: list[Any]) -> dict[str, Any]:
     """Per config and bucket the runs and their mean; the cap from the means and from each round."""
     import pandas as pd
 
-    from tuning.mixed import bucket_tokens, per_config_throughput, predict
+    from tuning.mixed import bucket_prompts, bucket_tokens, per_config_throughput, predict
 
     ok = [r for r in runs if r.get("output_throughput") and not r.get("failed")]
     if not ok:
@@ -59,7 +59,7 @@ def summarize(runs: list[dict[str, Any]], buckets: list[Any]) -> dict[str, Any]:
             "spread": round((max(vals) - min(vals)) / statistics.fmean(vals), 4),
             "accept_length": round(float(g["accept_length"].mean()), 3) if g["accept_length"].notna().any() else None,
         }
-    tokens = bucket_tokens(df, buckets)
+    tokens = bucket_tokens(df, bucket_prompts(buckets))
     out: dict[str, Any] = {"tokens": tokens, "figures": figures}
     if len(tokens) != len(buckets):
         return out
