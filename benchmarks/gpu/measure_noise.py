@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deadline-s", type=float, default=300, help="no run starts after this (from the script's start)")
     a = p.parse_args(argv)
 
-    from orchestrator.config import EngineConfig
+    from benchmarks.gpu.engines import measured_engine
     from orchestrator.engine import EngineProcess
     from tuning.bench import benchmark
     from tuning.trial import measured_on
@@ -77,13 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    spec = dict(speculative_algorithm="qwen3_5_mtp", num_draft_tokens=a.draft_tokens) if a.draft_tokens else {}
-    if a.sim:
-        cfg = EngineConfig(backend="sim", model="intern-s2-preview-8xh200", tp=8, memory_fraction=a.memory_fraction,
-                           max_batch_size=a.concurrency, extra_flags=("--startup-delay", "0"), **spec)
-    else:
-        cfg = EngineConfig(backend="pytorch", model=a.ckpt, memory_fraction=a.memory_fraction,
-                           max_batch_size=a.concurrency, session_len=4096, extra_flags=("--language-model-only",), **spec)
+    cfg = measured_engine(a.ckpt, sim=a.sim, draft_tokens=a.draft_tokens, memory_fraction=a.memory_fraction,
+                          max_batch_size=a.concurrency)
     tokenizer = load_tokenizer(None if a.sim else a.ckpt)
     result: dict[str, Any] = {"command": " ".join([sys.executable, *sys.argv]), "simulated": a.sim,
                               "engine": cfg.to_dict(), "host": measured_on(), "python": platform.python_version(),

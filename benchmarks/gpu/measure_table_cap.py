@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deadline-s", type=float, default=540, help="no run starts after this (from the script's start)")
     a = p.parse_args(argv)
 
+    from benchmarks.gpu.engines import measured_engine
     from orchestrator.config import EngineConfig
     from orchestrator.engine import EngineProcess
     from tuning.bench import benchmark
@@ -109,14 +110,8 @@ def main(argv: list[str] | None = None) -> int:
                                 num_prompts=a.prompts))
     configs: dict[str, EngineConfig] = {}
     for n in (int(x) for x in a.draft_tokens.split(",")):
-        spec = dict(speculative_algorithm="qwen3_5_mtp", num_draft_tokens=n) if n else {}
-        if a.sim:
-            cfg = EngineConfig(backend="sim", model="intern-s2-preview-8xh200", tp=8, memory_fraction=a.memory_fraction,
-                               max_batch_size=a.concurrency, extra_flags=("--startup-delay", "0"), **spec)
-        else:
-            cfg = EngineConfig(backend="pytorch", model=a.ckpt, memory_fraction=a.memory_fraction,
-                               max_batch_size=a.concurrency, session_len=4096,
-                               extra_flags=("--language-model-only",), **spec)
+        cfg = measured_engine(a.ckpt, sim=a.sim, draft_tokens=n, memory_fraction=a.memory_fraction,
+                              max_batch_size=a.concurrency)
         configs[cfg.label()] = cfg
     tokenizer = load_tokenizer(None if a.sim else a.ckpt)
     result: dict[str, Any] = {"command": " ".join([sys.executable, *sys.argv]), "simulated": a.sim,
