@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from tuning.buckets import Bucket
+from tuning.results import successful_primary_rows
 from tuning.routing import RoutingTable
 
 __all__ = ["MixedPrediction", "bucket_prompts", "bucket_tokens", "mixed_throughput", "per_config_throughput", "predict",
@@ -39,8 +40,8 @@ def mixed_throughput(throughput: Mapping[str, float], tokens: Mapping[str, float
 def per_config_throughput(results: pd.DataFrame) -> dict[str, dict[str, float]]:
     """Engine key -> bucket -> mean output tok/s over the successful primary-load rows of a sweep's
     results (several rows per config and bucket when a config was measured again or repeated)."""
-    ok = results[(results["status"] == "ok") & results["primary_load"].astype(bool)]
-    ok = ok[ok["output_throughput"].notna() & (ok["output_throughput"] > 0)]
+    ok = successful_primary_rows(results)
+    ok = ok[ok["output_throughput"] > 0]
     out: dict[str, dict[str, float]] = {}
     for (key, bucket), g in ok.groupby(["engine_key", "bucket"]):
         out.setdefault(str(key), {})[str(bucket)] = float(g["output_throughput"].mean())
@@ -52,7 +53,7 @@ def bucket_tokens(results: pd.DataFrame, prompts: Mapping[str, int]) -> dict[str
     request of it produced, output over request throughput in its successful rows): the mix "buckets
     in proportion" when every bucket's workload stands for its share of the traffic. Buckets without
     such rows are left out."""
-    ok = results[(results["status"] == "ok") & results["primary_load"].astype(bool)]
+    ok = successful_primary_rows(results)
     out = {}
     for name, n in prompts.items():
         rows = ok[(ok["bucket"] == name) & (ok["request_throughput"].fillna(0) > 0)]

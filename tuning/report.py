@@ -37,7 +37,7 @@ import pandas as pd
 
 from orchestrator.errors import OrchestratorError
 from tuning import routing
-from tuning.results import STATUS_FAILED, STATUS_OK
+from tuning.results import STATUS_FAILED, successful_primary_rows
 from tuning.routing import RoutingTable, RoutingTableError
 from tuning.space import BASELINE_ROLES, ROLE_MTP_OFF, ROLE_STATIC
 
@@ -221,11 +221,6 @@ def is_simulated(results: pd.DataFrame, table: RoutingTable | None = None) -> bo
     return "backend" in results and bool((results["backend"].astype(str) == "sim").any())
 
 
-def _ok_primary(df: pd.DataFrame) -> pd.DataFrame:
-    ok = df[(df["status"] == STATUS_OK) & df["output_throughput"].notna()]
-    return ok[ok["primary_load"]] if "primary_load" in ok else ok
-
-
 def _display_label(role: str, engine_label: str) -> str:
     return f"{ROLE_LABELS[role]}: {engine_label}" if role in ROLE_LABELS else engine_label
 
@@ -253,7 +248,7 @@ def throughput_by_length(results: pd.DataFrame, *, top: int = 3) -> pd.DataFrame
     by mean log-throughput over the buckets they were measured on (ties: more buckets first) and both
     baselines.
     """
-    ok = _ok_primary(results)
+    ok = successful_primary_rows(results)
     if ok.empty:
         return pd.DataFrame(columns=["engine_key", "label", "role", "max_output_len", "bucket",
                                      "output_throughput", "highlight"])
@@ -302,7 +297,7 @@ def gain_table(results: pd.DataFrame, table: RoutingTable | None = None) -> pd.D
                          "gain_vs_static": b.gains.get("static", np.nan),
                          "accept_length": b.figures.accept_length if b.figures.accept_length is not None else np.nan})
     else:
-        ok = _ok_primary(results)
+        ok = successful_primary_rows(results)
         if not ok.empty:
             best = _best_rows(ok)
             base = {key: _best_rows(ok[ok["role"] == role]) for role, key in BASELINE_ROLES.items()}
@@ -331,7 +326,7 @@ def accept_length_table(results: pd.DataFrame) -> pd.DataFrame:
 
     Columns: num_draft_tokens, max_output_len, bucket, accept_length, n_configs.
     """
-    ok = _ok_primary(results)
+    ok = successful_primary_rows(results)
     spec = ok[ok["speculative"] & ok["accept_length"].notna()] if "speculative" in ok else ok.iloc[0:0]
     if spec.empty:
         return pd.DataFrame(columns=["num_draft_tokens", "max_output_len", "bucket", "accept_length", "n_configs"])
@@ -373,7 +368,7 @@ def routing_summary(table: RoutingTable | None, results: pd.DataFrame | None = N
                          "load_variants": "; ".join(f">={v.min_concurrency}: {v.engine_config().label()}"
                                                     for v in b.load_variants)})
     elif results is not None:
-        ok = _ok_primary(results)
+        ok = successful_primary_rows(results)
         if not ok.empty:
             best = _best_rows(ok)
             gains = gain_table(results).set_index("bucket")
@@ -522,7 +517,7 @@ def plot_accept_length(acc: pd.DataFrame, *, simulated: bool = False) -> Figure:
 def plot_tpot_vs_throughput(results: pd.DataFrame, *, simulated: bool = False) -> Figure:
     """(d) Median TPOT vs output throughput, one panel per bucket (primary load); Pareto front as a
     step line, baselines marked."""
-    ok = _ok_primary(results)
+    ok = successful_primary_rows(results)
     buckets = (ok[["bucket", "max_output_len"]].drop_duplicates().sort_values("max_output_len")["bucket"].tolist()
                if not ok.empty else [])
     ncols = min(max(len(buckets), 1), 3)

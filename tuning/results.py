@@ -46,6 +46,7 @@ __all__ = [
     "pick_best",
     "results_frame",
     "rows_for_trial",
+    "successful_primary_rows",
     "write_results",
 ]
 
@@ -191,6 +192,13 @@ def results_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     for col in ("output_throughput", "tpot_ms_median", "ttft_ms_median", "memory_fraction", "accept_length"):
         df[col] = pd.to_numeric(df[col], errors="coerce")
     return df
+
+
+def successful_primary_rows(results: pd.DataFrame) -> pd.DataFrame:
+    """The rows that stand for a config on a bucket: measured without failure, with a throughput, at the
+    bucket's primary load (every such row in results from before the ``primary_load`` column)."""
+    ok = results[(results["status"] == STATUS_OK) & results["output_throughput"].notna()]
+    return ok[ok["primary_load"].astype(bool)] if "primary_load" in ok else ok
 
 
 def write_results(df: pd.DataFrame, run_dir: str | Path) -> tuple[Path, Path]:
