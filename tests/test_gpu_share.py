@@ -48,23 +48,31 @@ def test_shared_sweep_reserves_each_trials_fraction_and_runs_as_many_as_fit(tmp_
     assert gpu_of({"speculative": "maybe"}) == 1
 
 
+def _search_alg(tmp_path, model_dir, *, share_gpu: bool):
+    """The sweep's search generator for an 8-trial one-GPU sweep of small fractions, as Tune gets it
+    (its searcher is the concurrency limiter Tune calls), and the spec it was built from."""
+    from tuning.budget import write_budget
+    from tuning.sweep import _build_search_alg
+
+    argv = ["--model", str(model_dir), "--tp", "1", "--memory-fraction", "0.05,0.1", "--max-concurrent-trials", "4",
+            "--run-dir", str(tmp_path / "r"), *(["--share-gpu"] if share_gpu else [])]
+    spec = build_spec(_parser().parse_args(argv), cluster_gpus=1)
+    (tmp_path / "r").mkdir(exist_ok=True)
+    write_budget(tmp_path / "r", num_trials=8, time_budget_s=None)
+    return spec, _build_search_alg(spec)
+
+
 @pytest.mark.parametrize("share_gpu", [True, False])
 def test_on_a_shared_gpu_the_baselines_start_before_any_search_trial(tmp_path, model_dir, share_gpu):
     """Ray grants GPU shares to whichever request fits, so a 0.9-GPU baseline waits behind every small
     search trial (GPU run 4: 9 minutes, then a call's deadline cut it). With ``--share-gpu`` the
     searcher suggests nothing while a baseline is suggested and not complete — also when it errored;
     without sharing every trial reserves the same and nothing is held back."""
-    from tuning.budget import write_budget
     from tuning.space import ROLE_MTP_OFF, ROLE_SEARCH
-    from tuning.sweep import _build_search_alg
 
-    argv = ["--model", str(model_dir), "--tp", "1", "--memory-fraction", "0.05,0.1", "--max-concurrent-trials", "4",
-            "--run-dir", str(tmp_path / "r")]
-    spec = build_spec(_parser().parse_args([*argv, *(["--share-gpu"] if share_gpu else [])]), cluster_gpus=1)
+    spec, generator = _search_alg(tmp_path, model_dir, share_gpu=share_gpu)
     assert spec.share_gpu is share_gpu
-    (tmp_path / "r").mkdir()
-    write_budget(tmp_path / "r", num_trials=8, time_budget_s=None)
-    searcher = _build_search_alg(spec).searcher  # the concurrency limiter, as Tune calls it
+    searcher = generator.searcher  # the concurrency limiter, as Tune calls it
     searcher.set_search_properties("score", "max", {})
 
     first = searcher.suggest("t1")
@@ -88,16 +96,10 @@ def test_a_resumed_shared_sweep_keeps_holding_a_baseline_that_tune_restarts(tmp_
     (through the search generator, as Tune does), so a static baseline cut by a call's limit and
     restarted is not overtaken by small search trials. A baseline that finished after the last save
     (the study has it, Tune's saved state not) holds nothing back: no resumed sweep waits forever."""
-    from tuning.budget import write_budget
     from tuning.space import ROLE_SEARCH
     from tuning.sweep import _build_search_alg
 
-    argv = ["--model", str(model_dir), "--tp", "1", "--memory-fraction", "0.05,0.1", "--max-concurrent-trials", "4",
-            "--share-gpu", "--run-dir", str(tmp_path / "r")]
-    spec = build_spec(_parser().parse_args(argv), cluster_gpus=1)
-    (tmp_path / "r").mkdir()
-    write_budget(tmp_path / "r", num_trials=8, time_budget_s=None)
-    generator = _build_search_alg(spec)
+    spec, generator = _search_alg(tmp_path, model_dir, share_gpu=True)
     searcher = generator.searcher
     searcher.set_search_properties("score", "max", {})
     searcher.suggest("t1")
