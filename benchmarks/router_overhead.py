@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 from orchestrator.engine import EngineProcess  # noqa: E402
 from benchmarks.sim_serve import MODEL, SIM_MTP3, add_serve_arguments, apply_serve_env, serve_settings, served_sim_table  # noqa: E402
 from benchmarks.sim_serve import prompts as sample_prompts  # noqa: E402
-from tuning.routing import utc_now_iso  # noqa: E402
+from orchestrator.fsutil import utc_now_iso  # noqa: E402
 
 API_KEY = "sk-bench"
 

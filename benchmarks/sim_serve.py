@@ -15,7 +15,8 @@ from pathlib import Path
 from orchestrator.config import EngineConfig
 from orchestrator.ports import find_free_port
 from orchestrator.sim.tokenizer import sample_text
-from tuning import routing
+from orchestrator import table as routing
+from orchestrator.fsutil import utc_now_iso
 
 MODEL = "intern-s2-preview-8xh200"
 SIM_MTP3 = EngineConfig(backend="sim", model=MODEL, tp=8, speculative_algorithm="qwen3_5_mtp", num_draft_tokens=3)
@@ -49,7 +50,7 @@ def served_sim_table(config: EngineConfig, *, work_dir: Path, api_key: str, time
     table_path = work_dir / "routing.json"
     routing.commit({
         "provenance": {"model": MODEL, "gpu_type": "none (simulated)", "gpu_count": 0, "sweep_id": app_name,
-                       "created_at": routing.utc_now_iso(), "simulated": True},
+                       "created_at": utc_now_iso(), "simulated": True},
         "buckets": [{"name": "all", "max_output_len": 131072, "config": config.to_dict(),
                      "figures": {"output_throughput": 1.0}}],
     }, table_path)

@@ -93,7 +93,7 @@ def deploy(
 
     from orchestrator.serve.app import AppArgs, RunningEngine, build_app, check_resources, load_table, router_spec
     from orchestrator.serve.router import RouterSpec
-    from tuning.routing import parse
+    from orchestrator.table import parse
 
     args = AppArgs.parse(args)
     table = load_table(args)
@@ -266,7 +266,7 @@ def serve_config(args: Any, *, app_name: str = DEFAULT_APP_NAME, route_prefix: s
 
 def write_serve_config(path: str | Path, args: Any, **kwargs: Any) -> dict[str, Any]:
     config = serve_config(args, **kwargs)
-    from tuning.routing import atomic_write_text
+    from orchestrator.fsutil import atomic_write_text
 
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -315,7 +315,7 @@ low-latency mode (Ray Serve direct ingress, no proxy hop):
   --http-host; after deploying, this command prints their URLs ("router replicas (direct ingress,
   no proxy hop): http://IP:PORT/v1 ..."). The proxy URL keeps working.""",
     )
-    p.add_argument("--routing-table", required=True, help="routing table JSON (tuning.routing)")
+    p.add_argument("--routing-table", required=True, help="routing table JSON (orchestrator.table)")
     p.add_argument("--write-serve-config", metavar="FILE", help="write a `serve deploy` config and exit (no cluster needed)")
     p.add_argument("--app-name", default=DEFAULT_APP_NAME)
     p.add_argument("--route-prefix", default="/")

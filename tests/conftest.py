@@ -41,13 +41,14 @@ def tmp_log_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 def write_table():
     """Writes a routing table with one bucket per engine config (le256, le1024, ...) through the real
-    ``tuning.routing.commit`` and returns its path: the tables Serve tests deploy or size up."""
-    from tuning import routing
+    ``orchestrator.table.commit`` and returns its path: the tables Serve tests deploy or size up."""
+    from orchestrator import table as routing
+    from orchestrator.fsutil import utc_now_iso
 
     def write(path: Path, configs) -> Path:
         data = {
             "provenance": {"model": "/ckpt", "gpu_type": "H200", "gpu_count": 1, "sweep_id": "s",
-                           "created_at": routing.utc_now_iso(), "simulated": False},
+                           "created_at": utc_now_iso(), "simulated": False},
             "buckets": [{"name": f"le{256 * 4 ** i}", "max_output_len": 256 * 4 ** i, "config": c.to_dict(),
                          "figures": {"output_throughput": 1.0}} for i, c in enumerate(configs)],
         }

@@ -15,7 +15,7 @@ Added here:
   Serve exposes none, so they only cost an idle socket each; put a proxy with a header timeout
   (nginx ``client_header_timeout``, a cloud load balancer) in front of a public endpoint;
 - hypothesis: *structure-aware* mutations of valid requests (``parse_request``) and of a valid
-  routing table (``tuning.routing.parse``): every mutant is accepted with its invariants, or refused
+  routing table (``orchestrator.table.parse``): every mutant is accepted with its invariants, or refused
   with the module's own error, never anything else.
 """
 from __future__ import annotations
@@ -35,8 +35,9 @@ from hypothesis import strategies as st
 from orchestrator.config import EngineConfig
 from orchestrator.ports import find_free_port
 from orchestrator.serve.protocol import ApiError, parse_request
-from tuning import routing
-from tuning.routing import RoutingTableError
+from orchestrator import table as routing
+from orchestrator.fsutil import utc_now_iso
+from orchestrator.table import RoutingTableError
 
 MODEL = "intern-s2-preview-8xh200"
 API_KEY = "sk-bad-input-test"
@@ -52,7 +53,7 @@ BODY_TIMEOUT_S = 3.0
 def _table() -> dict:
     return {
         "provenance": {"model": MODEL, "gpu_type": "none (simulated)", "gpu_count": 0, "sweep_id": "bad-input",
-                       "created_at": routing.utc_now_iso(), "simulated": True},
+                       "created_at": utc_now_iso(), "simulated": True},
         "buckets": [{"name": "le4096", "max_output_len": 4096, "config": ENGINE.to_dict(),
                      "figures": {"output_throughput": 1000.0}}],
         "default_max_tokens": 16,

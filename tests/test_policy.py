@@ -11,7 +11,8 @@ from orchestrator.config import EngineConfig
 from orchestrator.serve.metrics import AcceptLengthTracker, parse_prometheus_text
 from orchestrator.serve.policy import NoHealthyDeploymentError, choose_route, requested_max_tokens
 from orchestrator.serve.protocol import ApiError, parse_request
-from tuning import routing
+from orchestrator import table as routing
+from orchestrator.fsutil import utc_now_iso
 
 MODEL = "intern-s2-preview-8xh200"
 
@@ -32,7 +33,7 @@ def _table(variants: bool = False) -> routing.RoutingTable:
             {"min_concurrency": 128, "config": _cfg(0, 512), "figures": {"output_throughput": 1.0}}]
     return routing.parse({
         "provenance": {"model": MODEL, "gpu_type": "none", "gpu_count": 0, "sweep_id": "t",
-                       "created_at": routing.utc_now_iso(), "simulated": True},
+                       "created_at": utc_now_iso(), "simulated": True},
         "buckets": [
             {"name": "le1024", "max_output_len": 1024, "config": _cfg(0), "figures": {"output_throughput": 1.0}},
             {"name": "le4096", "max_output_len": 4096, "config": _cfg(3), "figures": {"output_throughput": 1.0},

@@ -25,7 +25,8 @@ import pytest
 
 from orchestrator.config import EngineConfig
 from orchestrator.ports import find_free_port
-from tuning import routing
+from orchestrator import table as routing
+from orchestrator.fsutil import utc_now_iso
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
@@ -44,7 +45,7 @@ def _table() -> dict:
     figures = {"output_throughput": 1000.0}
     return {
         "provenance": {"model": MODEL, "gpu_type": "none (simulated)", "gpu_count": 0, "sweep_id": "rel-serve",
-                       "created_at": routing.utc_now_iso(), "simulated": True},
+                       "created_at": utc_now_iso(), "simulated": True},
         "buckets": [
             {"name": "le256", "max_output_len": 256, "config": NOSPEC.to_dict(), "figures": figures},
             {"name": "le8192", "max_output_len": 8192, "config": MTP3.to_dict(), "figures": figures},

@@ -29,7 +29,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tuning import routing
+from orchestrator import table as routing
+from orchestrator.fsutil import utc_now_iso
 from tuning.buckets import make_buckets
 from tuning.space import ROLE_MTP_OFF, ROLE_STATIC, NamedPoint, SearchSpace
 from tuning.sweep import SweepSpec, run_sweep
@@ -375,7 +376,7 @@ def test_a_resume_whose_budget_the_reported_trials_meet_ends_without_starting_an
 def _valid_table() -> dict:
     cfg = {"backend": "sim", "model": PROFILE, "tp": 8}
     return {"provenance": {"model": PROFILE, "gpu_type": "none (simulated)", "gpu_count": 0, "sweep_id": "old",
-                           "created_at": routing.utc_now_iso(), "simulated": True},
+                           "created_at": utc_now_iso(), "simulated": True},
             "buckets": [{"name": "le256", "max_output_len": 256, "config": cfg,
                          "figures": {"output_throughput": 1.0}}]}
 
@@ -425,7 +426,7 @@ def test_disk_full_while_committing_keeps_the_previous_table(tmp_path):
         "import resource, signal, sys\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))\n"
-        "from tuning import routing\n"
+        "from orchestrator import table as routing\n"
         "t = routing.load(sys.argv[1])\n"
         "try:\n"
         "    routing.commit(t.model_dump(mode='json'), sys.argv[1])\n"

@@ -19,7 +19,8 @@ from orchestrator.sim.model import load_profile, simulate_workload
 from tuning import report
 from tuning.buckets import make_buckets
 from tuning.results import commit_table, failed_rows, pick_best, results_frame, rows_for_trial, write_results
-from tuning.routing import Provenance, utc_now_iso
+from orchestrator.fsutil import utc_now_iso
+from orchestrator.table import Provenance
 from tuning.space import ROLE_MTP_OFF, ROLE_SEARCH, ROLE_STATIC
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from orchestrator.config import EngineConfig
-from tuning import routing
+from orchestrator import table as routing
 from tuning.buckets import make_buckets
 from tuning.results import (
     STATUS_FAILED,
@@ -18,7 +18,7 @@ from tuning.results import (
     rows_for_trial,
     write_results,
 )
-from tuning.routing import Provenance
+from orchestrator.table import Provenance
 from tuning.space import ROLE_MTP_OFF, ROLE_SEARCH, ROLE_STATIC
 
 BUCKETS = make_buckets((1024, 16384), concurrency_levels=(64, 128), num_prompts=64)

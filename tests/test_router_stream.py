@@ -22,7 +22,8 @@ from orchestrator.config import EngineConfig  # noqa: E402
 from orchestrator.serve.app import AppArgs, router_spec  # noqa: E402
 from orchestrator.serve.policy import choose_route  # noqa: E402
 from orchestrator.serve.router import Router, RouterSpec  # noqa: E402
-from tuning import routing  # noqa: E402
+from orchestrator import table as routing  # noqa: E402
+from orchestrator.fsutil import utc_now_iso
 
 MODEL = "intern-s2-preview-8xh200"
 CFG = EngineConfig(backend="sim", model=MODEL, tp=8, speculative_algorithm="qwen3_5_mtp", num_draft_tokens=3)
@@ -200,7 +201,7 @@ def test_engine_transport_selects_the_handle_options():
 
 def test_app_args_carry_the_engine_transport_to_the_router_spec(tmp_path):
     path = tmp_path / "routing.json"
-    routing.commit({**TABLE, "provenance": {**TABLE["provenance"], "created_at": routing.utc_now_iso()}}, path)
+    routing.commit({**TABLE, "provenance": {**TABLE["provenance"], "created_at": utc_now_iso()}}, path)
     table = routing.load(path)
     assert router_spec(AppArgs.parse({"routing_table": str(path)}), table).engine_transport == "grpc"
     args = AppArgs.parse({"routing_table": str(path), "router": {"engine_transport": "object_ref"}})

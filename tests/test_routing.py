@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tuning import routing
-from tuning.routing import RoutingTableError
+from orchestrator import table as routing
+from orchestrator.fsutil import utc_now_iso
+from orchestrator.table import RoutingTableError
 
 
 def _config(drafts: int = 0, mem: float = 0.8) -> dict:
@@ -24,7 +25,7 @@ def _table(**overrides) -> dict:
             "gpu_type": "none (simulated)",
             "gpu_count": 0,
             "sweep_id": "test",
-            "created_at": routing.utc_now_iso(),
+            "created_at": utc_now_iso(),
             "simulated": True,
         },
         "buckets": [

@@ -28,7 +28,8 @@ import pytest
 from orchestrator.config import Backend, EngineConfig
 from orchestrator.engine import engine_argv
 from orchestrator.ports import find_free_port
-from tuning import routing
+from orchestrator import table as routing
+from orchestrator.fsutil import utc_now_iso
 
 MODEL = "intern-s2-preview-8xh200"
 API_KEY = "sk-security-test-6f1c0e4b9a"
@@ -43,7 +44,7 @@ pytestmark = pytest.mark.timeout(240)
 def _table() -> dict:
     return {
         "provenance": {"model": MODEL, "gpu_type": "none (simulated)", "gpu_count": 0, "sweep_id": "security",
-                       "created_at": routing.utc_now_iso(), "simulated": True},
+                       "created_at": utc_now_iso(), "simulated": True},
         "buckets": [{"name": "le4096", "max_output_len": 4096, "config": ENGINE.to_dict(),
                      "figures": {"output_throughput": 1000.0}}],
         "default_max_tokens": 16,

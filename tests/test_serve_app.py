@@ -24,7 +24,8 @@ import yaml
 
 from orchestrator.config import EngineConfig
 from orchestrator.ports import find_free_port
-from tuning import routing
+from orchestrator import table as routing
+from orchestrator.fsutil import utc_now_iso
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
@@ -44,7 +45,7 @@ def _table(long_config: EngineConfig) -> dict:
     figures = {"output_throughput": 1000.0}
     return {
         "provenance": {"model": MODEL, "gpu_type": "none (simulated)", "gpu_count": 0, "sweep_id": "test-serve",
-                       "created_at": routing.utc_now_iso(), "simulated": True},
+                       "created_at": utc_now_iso(), "simulated": True},
         "buckets": [
             {"name": "le256", "max_output_len": 256, "config": NOSPEC.to_dict(), "figures": figures},
             {"name": "le4096", "max_output_len": 4096, "config": long_config.to_dict(), "figures": figures},
@@ -323,7 +324,7 @@ def test_force_killed_replica_does_not_orphan_its_engine(cluster: Cluster):
 
 def test_invalid_table_is_refused_before_anything_changes(cluster: Cluster, tmp_path: Path):
     from orchestrator.deploy import deploy
-    from tuning.routing import RoutingTableError
+    from orchestrator.table import RoutingTableError
 
     bad = tmp_path / "bad.json"
     data = _table(MTP2)

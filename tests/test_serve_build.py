@@ -10,7 +10,8 @@ from orchestrator.config import EngineConfig
 from orchestrator.deploy import main as deploy_main
 from orchestrator.errors import ConfigError
 from orchestrator.serve.app import build_app
-from tuning import routing
+from orchestrator import table as routing
+from orchestrator.fsutil import utc_now_iso
 
 pytest.importorskip("ray.serve")
 
@@ -23,7 +24,7 @@ SIM = EngineConfig(backend="sim", model=MODEL, tp=8)
 def _commit(path, configs, variants=()):
     data = {
         "provenance": {"model": MODEL, "gpu_type": "H200", "gpu_count": 8, "sweep_id": "s",
-                       "created_at": routing.utc_now_iso(), "simulated": False},
+                       "created_at": utc_now_iso(), "simulated": False},
         "buckets": [
             {"name": f"le{1024 * 4 ** i}", "max_output_len": 1024 * 4 ** i, "config": c.to_dict(),
              "figures": {"output_throughput": 1.0}}

@@ -11,10 +11,10 @@ import pytest
 
 from orchestrator.config import EngineConfig, gpus_needed
 from orchestrator.errors import ConfigError
-from tuning import routing
+from orchestrator import table as routing
 from tuning.buckets import make_buckets
 from tuning.results import IncompleteResultsError, pick_best, results_frame, rows_for_trial
-from tuning.routing import GpuBudget, Provenance
+from orchestrator.table import GpuBudget, Provenance
 from tuning.space import ROLE_MTP_OFF, ROLE_SEARCH, ROLE_STATIC
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tuning import routing
+from orchestrator import table as routing
 from tuning.buckets import make_buckets
 from tuning.space import ROLE_MTP_OFF, ROLE_STATIC, NamedPoint, SearchSpace
 from tuning.sweep import SweepSpec, run_sweep

@@ -72,7 +72,6 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +79,7 @@ import aiohttp
 import numpy as np
 
 from orchestrator.errors import OrchestratorError
+from orchestrator.fsutil import utc_now_iso
 from orchestrator.ports import host_boot_id
 from tuning.progress import BenchProgress, RichProgress, SafeProgress
 from tuning.workload import RequestSpec, TokenCounter, Workload, build_requests, resolve_token_counter
@@ -1268,10 +1268,6 @@ def _versions(info: ServerInfo) -> dict[str, str]:
     return out
 
 
-def _utc_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
 async def run_benchmark(
     base_url: str,
     workload: Workload,
@@ -1335,7 +1331,7 @@ async def run_benchmark(
                                                info.sim_clock, concurrency)
 
         before = await _scrape_spec_counters(session, base_url)
-        started_iso = _utc_iso()
+        started_iso = utc_now_iso()
         sink.on_start(len(specs))
         t0 = time.monotonic()
         tracker = _SteadyStateTracker(steady_state, info.time_scale, t0) if steady_state is not None else None
@@ -1350,7 +1346,7 @@ async def run_benchmark(
             stamps = [o.last_token_at for o in outputs if o.last_token_at is not None]
             t_end = max(stamps, default=t_end)
         after = await _scrape_spec_counters(session, base_url, min(PROBE_TIMEOUT_S, request_timeout_s))
-        finished_iso = _utc_iso()
+        finished_iso = utc_now_iso()
     finally:
         await session.close()
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tuning.routing import atomic_write_text
+from orchestrator.fsutil import atomic_write_text
 
 BUDGET_FILE = "budget.json"
 

@@ -20,7 +20,7 @@ import pandas as pd
 
 from tuning.buckets import Bucket
 from tuning.results import successful_primary_rows
-from tuning.routing import RoutingTable
+from orchestrator.table import RoutingTable
 
 __all__ = ["MixedPrediction", "bucket_prompts", "bucket_tokens", "mixed_throughput", "per_config_throughput", "predict",
            "predict_for_table"]

@@ -14,7 +14,7 @@ dir written by ``python -m tuning.sweep`` and writes, under ``--out`` (default `
   table, failed trials with their reasons, and a SIMULATED banner when the figures are simulated.
 
 The module is split like the rest of the tuner: pure functions take a results DataFrame (and an
-optional :class:`~tuning.routing.RoutingTable`) and return data frames or matplotlib figures
+optional :class:`~orchestrator.table.RoutingTable`) and return data frames or matplotlib figures
 (:func:`throughput_by_length`, :func:`gain_table`, :func:`accept_length_table`,
 :func:`pareto_front`, :func:`routing_summary`, :func:`failed_trials`, and a ``plot_*`` function for
 each); :func:`load_run` and :func:`write_report` are the only functions that touch files. The
@@ -36,9 +36,9 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.errors import OrchestratorError
-from tuning import routing
+from orchestrator import table as routing
 from tuning.results import STATUS_FAILED, successful_primary_rows
-from tuning.routing import RoutingTable, RoutingTableError
+from orchestrator.table import RoutingTable, RoutingTableError
 from tuning.space import BASELINE_ROLES, ROLE_MTP_OFF, ROLE_STATIC
 
 if TYPE_CHECKING:  # matplotlib is imported lazily; figures are built without pyplot, so no GUI backend

@@ -2,7 +2,7 @@
 
 One row per trial x bucket x concurrency (see :data:`ROW_COLUMNS`). Trials produce rows
 (:func:`rows_for_trial`), the sweep collects them into a DataFrame, :func:`pick_best` turns the
-DataFrame into a :class:`~tuning.routing.RoutingTable` without touching files, and
+DataFrame into a :class:`~orchestrator.table.RoutingTable` without touching files, and
 :func:`write_results` / :func:`commit_table` do the I/O. An incomplete sweep (a bucket without a
 successful trial, a baseline missing) raises :class:`IncompleteResultsError` *before* anything is
 committed, so a good table already at the target path stays.
@@ -19,9 +19,9 @@ from typing import Any
 import pandas as pd
 
 from orchestrator.config import EngineConfig
-from tuning import routing
+from orchestrator import table as routing
 from tuning.buckets import Bucket
-from tuning.routing import (
+from orchestrator.table import (
     BucketFigures,
     BucketRoute,
     GpuBudget,
@@ -473,7 +473,7 @@ def _no_fit_message(found: Sequence[tuple[Bucket, Any, Sequence[Mapping[str, Any
 
 
 def commit_table(table: RoutingTable, path: str | Path) -> RoutingTable:
-    """Atomically commit (``tuning.routing.commit``); returns the table as written (with its version)."""
+    """Atomically commit (``orchestrator.table.commit``); returns the table as written (with its version)."""
     return routing.commit(table, path)
 
 

@@ -34,7 +34,7 @@ How the pieces fit:
   engine starts; one that got its resources too late ends errored without a result, and ``--resume``
   runs it.
 - Results (one row per trial x bucket x concurrency) go to ``results.parquet``/``.csv``;
-  :func:`tuning.results.pick_best` chooses per bucket; :func:`tuning.routing.commit` writes the
+  :func:`tuning.results.pick_best` chooses per bucket; :func:`orchestrator.table.commit` writes the
   table atomically. An incomplete sweep writes no table and keeps the previous one.
 
 Objective (``--objective``). The default is ``scalar``: the mean over buckets of
@@ -70,7 +70,8 @@ import yaml
 
 from orchestrator.config import EngineConfig
 from orchestrator.errors import ConfigError, OrchestratorError
-from tuning import routing
+from orchestrator import table as routing
+from orchestrator.fsutil import utc_now_iso
 from tuning.budget import BUDGET_FILE, TimeBudgetSpent, read_budget, time_budget_spent, write_budget
 from tuning.buckets import MIN_MEASURED_WAVES, Bucket, make_buckets
 from tuning.results import (
@@ -82,7 +83,7 @@ from tuning.results import (
     summary_rows,
     write_results,
 )
-from tuning.routing import GpuBudget, Provenance, RoutingTable, RoutingTableError
+from orchestrator.table import GpuBudget, Provenance, RoutingTable, RoutingTableError
 from tuning.space import ROLE_SEARCH, SearchSpace, load_space_file
 from tuning.trial import (
     GpuLease,
@@ -634,7 +635,7 @@ def provenance_for(spec: SweepSpec, results: Any = None) -> Provenance:
             versions["lmdeploy"] = lmdeploy
     return Provenance(
         model=spec.space.model, gpu_type=gpu_type, gpu_count=gpu_count, engine_versions=versions,
-        sweep_id=spec.sweep_id, created_at=routing.utc_now_iso(), simulated=spec.simulated,
+        sweep_id=spec.sweep_id, created_at=utc_now_iso(), simulated=spec.simulated,
         workload={"buckets": {b.name: {"workload": b.workload.to_dict(),
                                        "concurrency_levels": list(b.concurrency_levels)} for b in spec.buckets},
                   "steady_state": dict(spec.steady_state) if spec.steady_state else None,

@@ -617,7 +617,7 @@ def _save_reported(run_dir: str | Path, trial_id: str, metrics: Mapping[str, Any
     """Keep a trial's report in the run dir (atomically) before handing it to Tune: the driver can
     die after the searcher recorded it but before Tune's experiment state did, and a resumed sweep
     must then re-report it, not measure it again (:func:`reported_metrics`)."""
-    from tuning.routing import atomic_write_text
+    from orchestrator.fsutil import atomic_write_text
 
     d = Path(run_dir) / REPORTED_DIR
     d.mkdir(parents=True, exist_ok=True)

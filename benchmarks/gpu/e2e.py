@@ -43,7 +43,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from orchestrator.config import EngineConfig  # noqa: E402
-from tuning import routing  # noqa: E402
+from orchestrator import table as routing  # noqa: E402
+from orchestrator.fsutil import utc_now_iso
 
 T0 = time.monotonic()
 APP = "mtp"
@@ -572,7 +573,7 @@ def phase_two_gpu(a: argparse.Namespace) -> dict[str, Any]:
                            session_len=None if a.sim else a.session_len,
                            extra_flags=() if a.sim else ("--language-model-only",))
         data = {"provenance": {"model": tp2.model, "gpu_type": "H200", "gpu_count": 2, "sweep_id": "e2e-tp2",
-                               "created_at": routing.utc_now_iso(), "simulated": a.sim},
+                               "created_at": utc_now_iso(), "simulated": a.sim},
                 "buckets": [{"name": "le2048", "max_output_len": 2048, "config": tp2.to_dict(),
                              "figures": {"output_throughput": 1.0}}]}
         path = Path(a.work) / "tp2_table.json"

@@ -35,7 +35,7 @@ from orchestrator.config import Backend, EngineConfig, gpus_needed
 from orchestrator.errors import ConfigError
 from orchestrator.serve.protocol import DEFAULT_MAX_BODY_BYTES
 from orchestrator.serve.router import DEFAULT_BODY_TIMEOUT_S, RouterSpec, hash_api_key
-from tuning.routing import RoutingTable, RoutingTableError, load
+from orchestrator.table import RoutingTable, RoutingTableError, load
 
 __all__ = [
     "ROUTER_DEPLOYMENT",
@@ -161,7 +161,7 @@ class RouterOptions(_Args):
 class AppArgs(_Args):
     """Arguments of :func:`app_builder` (the ``args:`` of a Serve config) and of the deploy CLI."""
 
-    routing_table: str = Field(description="path of the routing table JSON (tuning.routing format)")
+    routing_table: str = Field(description="path of the routing table JSON (orchestrator.table format)")
     routing_table_sha256: str | None = Field(
         default=None,
         description="pin: refuse to build when the file's SHA-256 differs (written by --write-serve-config, "

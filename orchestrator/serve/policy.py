@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from tuning.routing import BucketRoute, RoutingTable
+from orchestrator.table import BucketRoute, RoutingTable
 
 __all__ = [
     "NoHealthyDeploymentError",

@@ -42,7 +42,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from orchestrator.serve.policy import NoHealthyDeploymentError, RouteDecision, choose_route
 from orchestrator.serve.protocol import DEFAULT_MAX_BODY_BYTES, ApiError, ParsedRequest, parse_request
-from tuning.routing import RoutingTable, parse
+from orchestrator.table import RoutingTable, parse
 
 __all__ = ["DEFAULT_BODY_TIMEOUT_S", "ENGINE_TRANSPORTS", "Router", "RouterSpec", "api", "hash_api_key"]
 

@@ -9,10 +9,8 @@ kept under ``<name>.history/``; an invalid table never replaces a good one.
 """
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ from pydantic import (
 
 from orchestrator.config import EngineConfig, gpus_needed
 from orchestrator.errors import ConfigError
+from orchestrator.fsutil import atomic_write_text
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -40,7 +39,6 @@ __all__ = [
     "Provenance",
     "RoutingTable",
     "RoutingTableError",
-    "atomic_write_text",
     "commit",
     "gpus_for_engines",
     "load",
@@ -303,26 +301,3 @@ def _max_history_version(p: Path) -> int:
             except ValueError:
                 continue
     return max(versions, default=0)
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the new one, never a part:
-    a unique temp file in the same folder, flushed to disk, then ``os.replace``."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def utc_now_iso() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
