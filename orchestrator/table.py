@@ -1,4 +1,5 @@
-"""`RoutingTable`: per output-length bucket, the engine config the sweep measured best.
+"""`RoutingTable`: per output-length bucket, the engine config the sweep measured best, and the cells
+(sampling band x load level) where another config measured better beyond noise.
 
 The sweep writes it (:func:`commit`), the Serve app reads it (:func:`load`). It is validated on both
 sides with one pydantic schema, so a table that loads is a table the router can use: buckets have
@@ -32,8 +33,12 @@ from orchestrator.fsutil import atomic_write_text
 
 __all__ = [
     "SCHEMA_VERSION",
+    "READABLE_SCHEMA_VERSIONS",
     "BucketFigures",
     "BucketRoute",
+    "Cell",
+    "DEFAULT_SAMPLING_BANDS",
+    "SamplingBand",
     "GpuBudget",
     "LoadVariant",
     "Provenance",
@@ -45,7 +50,9 @@ __all__ = [
     "parse",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Version 1 tables (output-length buckets and load variants, no cells) load unchanged.
+READABLE_SCHEMA_VERSIONS = (1, 2)
 
 
 class RoutingTableError(ConfigError):
@@ -69,6 +76,70 @@ class BucketFigures(_Model):
     concurrency: int | None = Field(default=None, ge=1)
     completed: int | None = Field(default=None, ge=0)
     failed: int | None = Field(default=None, ge=0)
+    output_throughput_ci: tuple[float, float] | None = Field(
+        default=None, description="confidence interval of output_throughput over interleaved rounds (low, high)"
+    )
+    rounds: int | None = Field(default=None, ge=1, description="interleaved rounds behind the figure")
+
+    @model_validator(mode="after")
+    def _ci_holds_the_figure(self) -> BucketFigures:
+        ci = self.output_throughput_ci
+        if ci is not None and not (0 <= ci[0] <= ci[1]):
+            raise ValueError(f"output_throughput_ci must be (low, high) with 0 <= low <= high, got {ci}")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_spread(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Written only when measured, so figures without a spread read the same as before the fields existed.
+        data = handler(self)
+        for key in ("output_throughput_ci", "rounds"):
+            if data.get(key) is None:
+                data.pop(key, None)
+        return data
+
+
+class SamplingBand(_Model):
+    """Requests whose temperature is at most ``max_temperature`` (and above the previous band's bound).
+
+    Speculation pays less as temperature rises (a sampled draft is accepted less often), so the best
+    config of a bucket can differ between greedy and sampled traffic. ``max_temperature=None`` is the
+    open last band."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    max_temperature: float | None = Field(default=None, ge=0)
+
+
+#: Greedy (temperature 0) apart from everything sampled: the least a table distinguishes.
+DEFAULT_SAMPLING_BANDS = (SamplingBand(name="greedy", max_temperature=0.0), SamplingBand(name="sampled"))
+
+
+class Cell(_Model):
+    """Where a bucket's primary config is not the best: requests of sampling band ``sampling`` (``None``:
+    every band) arriving while the bucket's primary deployment has at least ``min_in_flight`` requests in
+    flight per replica go to ``config``. The sweep writes a cell only when ``config`` beat the primary on
+    that cell by more than the measured noise, so most buckets have none and cells share engines."""
+
+    sampling: str | None = Field(default=None, min_length=1, max_length=64)
+    min_in_flight: int = Field(default=1, ge=1)
+    config: dict[str, Any]
+    figures: BucketFigures
+    primary_figures: BucketFigures | None = Field(
+        default=None, description="the bucket's primary config measured on the same cell"
+    )
+
+    @field_validator("config")
+    @classmethod
+    def _valid_config(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return _validated_config(v)
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig.from_dict(self.config)
+
+    def gain(self) -> float | None:
+        """Relative output-throughput gain over the primary on this cell (0.15 = +15 %)."""
+        if self.primary_figures is None or self.primary_figures.output_throughput <= 0:
+            return None
+        return self.figures.output_throughput / self.primary_figures.output_throughput - 1.0
 
 
 class LoadVariant(_Model):
@@ -103,6 +174,7 @@ class BucketRoute(_Model):
         default_factory=dict, description="relative output-throughput gain over each baseline, 0.15 = +15%"
     )
     load_variants: tuple[LoadVariant, ...] = ()
+    cells: tuple[Cell, ...] = ()
     workload: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("config")
@@ -115,10 +187,32 @@ class BucketRoute(_Model):
         bounds = [v.min_concurrency for v in self.load_variants]
         if bounds != sorted(set(bounds)):
             raise ValueError(f"bucket {self.name!r}: load_variants must have strictly increasing min_concurrency")
+        keys = [(c.sampling, c.min_in_flight) for c in self.cells]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"bucket {self.name!r}: two cells for the same (sampling, min_in_flight): {keys}")
         return self
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig.from_dict(self.config)
+
+    def cell_for(self, sampling: str | None, in_flight: int) -> Cell | None:
+        """The cell that serves a request of sampling band ``sampling`` at ``in_flight`` requests in flight
+        per replica of the primary, or ``None`` for the primary itself.
+
+        Among the cells whose band matches (or that hold for every band) and whose load level is reached,
+        the one at the highest load level wins; at equal levels a band's own cell beats an every-band one."""
+        fitting = [c for c in self.cells
+                   if (c.sampling is None or c.sampling == sampling) and c.min_in_flight <= in_flight]
+        if not fitting:
+            return None
+        return max(fitting, key=lambda c: (c.min_in_flight, c.sampling is not None))
+
+    @model_serializer(mode="wrap")
+    def _omit_empty_cells(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        if not data.get("cells"):
+            data.pop("cells", None)
+        return data
 
 
 class GpuBudget(_Model):
@@ -174,13 +268,40 @@ class RoutingTable(_Model):
     default_max_tokens: int = Field(
         default=1024, ge=1, description="bucket key for requests that give no max_tokens"
     )
+    sampling_bands: tuple[SamplingBand, ...] = Field(default=DEFAULT_SAMPLING_BANDS, min_length=1)
+    default_temperature: float | None = Field(
+        default=None, ge=0,
+        description="the engines' temperature for requests that give none; None: such requests take the primary",
+    )
 
     @field_validator("schema_version")
     @classmethod
     def _known_schema(cls, v: int) -> int:
-        if v != SCHEMA_VERSION:
-            raise ValueError(f"schema_version {v} is not supported; this build reads {SCHEMA_VERSION}")
+        if v not in READABLE_SCHEMA_VERSIONS:
+            raise ValueError(f"schema_version {v} is not supported; this build reads {list(READABLE_SCHEMA_VERSIONS)}")
         return v
+
+    @model_validator(mode="after")
+    def _bands_ordered(self) -> RoutingTable:
+        bands = self.sampling_bands
+        names = [b.name for b in bands]
+        if len(set(names)) != len(names):
+            raise ValueError(f"sampling band names must be unique, got {names}")
+        bounds = [b.max_temperature for b in bands]
+        if any(b is None for b in bounds[:-1]):
+            raise ValueError("only the last sampling band may be open (max_temperature null)")
+        closed = [b for b in bounds if b is not None]
+        if any(a >= b for a, b in zip(closed, closed[1:])):
+            raise ValueError(f"sampling band max_temperature must be strictly increasing, got {bounds}")
+        uses_v2 = any(b.cells for b in self.buckets) or bands != DEFAULT_SAMPLING_BANDS
+        if self.schema_version < 2 and (uses_v2 or self.default_temperature is not None):
+            raise ValueError("cells, sampling_bands and default_temperature need schema_version 2")
+        for bucket in self.buckets:
+            for cell in bucket.cells:
+                if cell.sampling is not None and cell.sampling not in names:
+                    raise ValueError(f"bucket {bucket.name!r}: cell names sampling band {cell.sampling!r}; "
+                                     f"bands: {names}")
+        return self
 
     @model_validator(mode="after")
     def _buckets_ordered(self) -> RoutingTable:
@@ -201,6 +322,17 @@ class RoutingTable(_Model):
                 return b
         return self.buckets[-1]
 
+    def band_for(self, temperature: float | None) -> SamplingBand | None:
+        """The sampling band of a request's temperature (``default_temperature`` when it gives none);
+        ``None`` when neither is known or the temperature is above a closed last band."""
+        t = self.default_temperature if temperature is None else temperature
+        if t is None:
+            return None
+        for band in self.sampling_bands:
+            if band.max_temperature is None or t <= band.max_temperature:
+                return band
+        return None
+
     def bucket(self, name: str) -> BucketRoute:
         for b in self.buckets:
             if b.name == name:
@@ -208,10 +340,11 @@ class RoutingTable(_Model):
         raise KeyError(f"no bucket named {name!r}; buckets: {[b.name for b in self.buckets]}")
 
     def distinct_configs(self) -> dict[str, EngineConfig]:
-        """Every engine config the table uses (bucket configs and load variants), by key."""
+        """Every engine config the table uses (bucket configs, load variants and cells), by key."""
         out: dict[str, EngineConfig] = {}
         for b in self.buckets:
-            for cfg in [b.engine_config(), *(v.engine_config() for v in b.load_variants)]:
+            for cfg in [b.engine_config(), *(v.engine_config() for v in b.load_variants),
+                        *(c.engine_config() for c in b.cells)]:
                 out.setdefault(cfg.key(), cfg)
         return out
 
@@ -219,6 +352,13 @@ class RoutingTable(_Model):
         """GPUs that hold one replica of every engine the table uses (bucket configs and load
         variants), each reserving :meth:`EngineConfig.gpu_request` (``orchestrator.config.gpus_needed``)."""
         return gpus_for_engines(self.distinct_configs().values(), share_gpu=share_gpu)
+
+    @model_serializer(mode="wrap")
+    def _omit_default_sampling(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        if data.get("default_temperature") is None:
+            data.pop("default_temperature", None)
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=False) + "\n"
