@@ -13,25 +13,23 @@ from orchestrator.config import EngineConfig
 from orchestrator.engine import EngineProcess
 from orchestrator.ports import find_free_port
 from tuning.bench import (
-    _isotonic,
-    _StreamStats,
-    fit_occupancy_curve,
-    fit_step_model,
-    full_run_throughput_bounds,
-    occupancy_probe_lengths,
-    predict_drain_end,
-    predict_full_run_end,
     BenchResult,
     LatencyStats,
     RequestOutput,
     SteadyStateRule,
-    _SteadyStateTracker,
-    _t_quantile,
     accept_length_from_counters,
     benchmark,
     compute_latency_stats,
+    fit_occupancy_curve,
+    fit_step_model,
+    full_run_throughput_bounds,
+    occupancy_probe_lengths,
     parse_spec_counters,
+    predict_drain_end,
+    predict_full_run_end,
 )
+from tuning.bench.drain import _isotonic, _StreamStats
+from tuning.bench.steady import _SteadyStateTracker, _t_quantile
 from tuning.workload import Workload, build_requests
 
 ROOT = Path(__file__).resolve().parent.parent

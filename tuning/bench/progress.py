@@ -1,4 +1,4 @@
-"""Benchmark progress as callbacks; the rich display is one implementation.
+"""Benchmark progress as callbacks; the rich display (:mod:`tuning.bench.display`) is one implementation.
 
 The bench calls a :class:`BenchProgress` at three points and never depends on what it does: a
 display that raises is logged and ignored (:class:`SafeProgress`), so a broken terminal can never
@@ -10,9 +10,9 @@ import logging
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from tuning.bench import BenchResult, RequestOutput
+    from tuning.bench.records import BenchResult, RequestOutput
 
-__all__ = ["BenchProgress", "NullProgress", "RichProgress", "SafeProgress"]
+__all__ = ["BenchProgress", "NullProgress", "SafeProgress"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,44 +67,3 @@ class SafeProgress:
 
     def on_complete(self, result: BenchResult) -> None:
         self._call("on_complete", result)
-
-
-class RichProgress:
-    """A rich progress bar: completed / failed requests, elapsed and remaining time."""
-
-    def __init__(self, description: str = "benchmark", console: Any = None) -> None:
-        from rich.console import Console
-
-        self._console = console or Console(stderr=True)
-        self._description = description
-        self._progress: Any = None
-        self._task: Any = None
-        self._failed = 0
-
-    def on_start(self, total: int) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-        self._progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("failed: {task.fields[failed]}"),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            console=self._console,
-            transient=False,
-        )
-        self._progress.start()
-        self._task = self._progress.add_task(self._description, total=total, failed=0)
-
-    def on_request_done(self, output: RequestOutput) -> None:
-        if self._progress is None:
-            return
-        if not output.success:
-            self._failed += 1
-        self._progress.update(self._task, advance=1, failed=self._failed)
-
-    def on_complete(self, result: BenchResult) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
