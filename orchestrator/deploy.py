@@ -57,6 +57,7 @@ from typing import Any
 import yaml
 
 from orchestrator.errors import ConfigError, OrchestratorError
+from orchestrator.raycompat import serve_client
 
 __all__ = ["DeployResult", "deploy", "direct_ingress_urls", "direct_ingress_urls_from_details", "main", "serve_config",
            "write_serve_config"]
@@ -213,14 +214,12 @@ def direct_ingress_urls(app_name: str = DEFAULT_APP_NAME) -> list[str]:
     or the app is not deployed.
 
     Reads the controller's ``get_serve_instance_details`` through Serve's client, the same call
-    ``serve.status()`` makes (``ray.serve.context._get_global_client`` is private, the document's
-    schema ``ray.serve.schema.ServeInstanceDetails`` public); no port is probed. Outside a Ray driver,
+    ``serve.status()`` makes (:func:`orchestrator.raycompat.serve_client`; the document's
+    schema ``ray.serve.schema.ServeInstanceDetails`` is public); no port is probed. Outside a Ray driver,
     feed the dashboard's ``GET /api/serve/applications/`` JSON to
     :func:`direct_ingress_urls_from_details` instead.
     """
-    from ray.serve.context import _get_global_client
-
-    client = _get_global_client(raise_if_no_controller_running=False)
+    client = serve_client()
     if client is None:
         return []
     return direct_ingress_urls_from_details(client.get_serve_details(), app_name)

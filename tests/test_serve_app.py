@@ -161,12 +161,11 @@ def test_requests_route_by_max_tokens_streaming_and_not(cluster: Cluster):
 def test_no_router_replica_urls_without_direct_ingress(cluster: Cluster):
     """This cluster runs without RAY_SERVE_ENABLE_DIRECT_INGRESS: traffic enters through the proxy only
     (the direct-ingress case is tests/test_direct_ingress.py)."""
-    from ray.serve.context import _get_global_client
-
     from orchestrator.deploy import direct_ingress_urls
+    from orchestrator.raycompat import serve_client
 
     assert direct_ingress_urls(APP) == []
-    details = _get_global_client().get_serve_details()
+    details = serve_client().get_serve_details()
     assert details["applications"][APP]["deployments"]["router"]["replicas"]  # a router runs, and yet none listed
     assert {t["port"] for g in details["target_groups"] for t in g["targets"]} == {int(cluster.base.rsplit(":", 1)[1])}
 

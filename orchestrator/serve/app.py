@@ -15,8 +15,8 @@ Deployment identity:
   always rolls the router, and an identical redeploy touches nothing.
 
 Serve's public API no longer takes ``version=``; it is set through ``Deployment.options(...,
-_internal=True)`` (the path Serve's own declarative deploys use). Should that private path go away,
-:func:`_with_version` falls back to Serve's default (a random version per ``serve.run``: every
+_internal=True)`` (the path Serve's own declarative deploys use), in
+:func:`orchestrator.raycompat.with_deployment_version`. Should that private path go away, it falls back to Serve's default (a random version per ``serve.run``: every
 update then restarts every engine).
 """
 from __future__ import annotations
@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from orchestrator.config import Backend, EngineConfig, gpus_needed
 from orchestrator.errors import ConfigError
+from orchestrator.raycompat import with_deployment_version
 from orchestrator.serve.protocol import DEFAULT_MAX_BODY_BYTES
 from orchestrator.serve.router import DEFAULT_BODY_TIMEOUT_S, RouterSpec, hash_api_key
 from orchestrator.table import RoutingTable, RoutingTableError, load
@@ -405,7 +406,7 @@ def build_app(
             **scaling.deployment_options(),
         )
         version = _digest({"key": key, "kwargs": kwargs, "code": _code_digest(_ENGINE_CODE)})
-        bound[key] = _with_version(deployment, version).bind(cfg.to_dict(), **kwargs)
+        bound[key] = with_deployment_version(deployment, version).bind(cfg.to_dict(), **kwargs)
 
     ropts = args.router
     router_deployment = serve.deployment(serve.ingress(api)(Router)).options(
@@ -417,19 +418,12 @@ def build_app(
         max_surge_percent=ropts.max_surge_percent,
     )
     router_version = _digest({"spec": spec.to_dict(), "code": _code_digest(_ROUTER_CODE)})
-    return _with_version(router_deployment, router_version).bind(spec.to_dict(), bound)
+    return with_deployment_version(router_deployment, router_version).bind(spec.to_dict(), bound)
 
 
 def app_builder(args: dict[str, Any]) -> Any:
     """``serve run/deploy`` entry point: ``orchestrator.serve.app:app_builder``."""
     return build_app(AppArgs.parse(args or {}))
-
-
-def _with_version(deployment: Any, version: str) -> Any:
-    try:
-        return deployment.options(version=version, _internal=True)
-    except (TypeError, ValueError):  # pragma: no cover - Serve dropped the internal path
-        return deployment
 
 
 def _digest(obj: Any) -> str:

@@ -40,6 +40,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from orchestrator.raycompat import stream_handle
 from orchestrator.serve.policy import NoHealthyDeploymentError, RouteDecision, choose_route
 from orchestrator.serve.protocol import DEFAULT_MAX_BODY_BYTES, ApiError, ParsedRequest, parse_request
 from orchestrator.table import RoutingTable, parse
@@ -62,7 +63,7 @@ ENGINE_TRANSPORTS = frozenset({"grpc", "object_ref"})
 """How a router replica receives an engine replica's stream (:class:`RouterSpec` ``engine_transport``):
 
 - ``grpc`` (default): the handle call goes over the engine replica's inter-deployment gRPC server
-  (``handle.options(_by_reference=False)``, Ray Serve >= 2.4x); each stream item is one gRPC message
+  (``handle.options(_by_reference=False)`` through :func:`orchestrator.raycompat.stream_handle`); each stream item is one gRPC message
   on one call, pickled. Nothing is put in Ray's object store and the router's core worker keeps no
   per-item object reference.
 - ``object_ref``: Ray's streaming generator (Serve's default): every stream item is a Ray object
@@ -119,9 +120,9 @@ def _stream_handle(handle: Any, transport: str) -> Any:
     if transport == "grpc":
         # Items are bytes and one small dict of primitives: plain pickle is enough and cheaper than
         # cloudpickle per item (errors raised by the replica are picklable classes of ours).
-        return handle.options(stream=True, _by_reference=False,
-                              request_serialization="pickle", response_serialization="pickle")
-    return handle.options(stream=True, _by_reference=True)
+        return stream_handle(handle, by_reference=False,
+                             request_serialization="pickle", response_serialization="pickle")
+    return stream_handle(handle, by_reference=True)
 
 
 def _error_response(e: ApiError) -> JSONResponse:
