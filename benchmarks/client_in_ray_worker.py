@@ -30,10 +30,11 @@ sys.path.insert(0, str(ROOT))
 
 from orchestrator.config import EngineConfig  # noqa: E402
 from orchestrator.engine import EngineProcess  # noqa: E402
+from orchestrator.sim.model import DEFAULT_PROFILE  # noqa: E402
 from tuning.bench import benchmark  # noqa: E402
 from tuning.workload import Workload  # noqa: E402
 
-PROFILE = "intern-s2-preview-8xh200"
+PROFILE = DEFAULT_PROFILE
 
 
 def _measure(url: str, workload: Workload) -> dict[str, Any]:

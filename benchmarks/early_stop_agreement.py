@@ -28,11 +28,11 @@ sys.path.insert(0, str(ROOT))
 
 from orchestrator.config import EngineConfig  # noqa: E402
 from orchestrator.engine import EngineProcess  # noqa: E402
-from orchestrator.sim.model import simulate_workload  # noqa: E402
+from orchestrator.sim import DEFAULT_PROFILE, simulate_workload  # noqa: E402
 from tuning.bench import SteadyStateRule, benchmark  # noqa: E402
 from tuning.buckets import make_buckets  # noqa: E402
 
-PROFILE = "intern-s2-preview-8xh200"
+PROFILE = DEFAULT_PROFILE
 
 
 def main() -> int:

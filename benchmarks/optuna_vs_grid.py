@@ -9,7 +9,7 @@ The searcher is set up exactly as :mod:`tuning.sweep` does it: the define-by-run
 backend), ``TPESampler(seed, multivariate=True, group=True, n_startup_trials)``, both baselines
 enqueued first, duplicates (same engine command) told to Optuna from the cache without counting as
 an evaluation. Every figure comes from the pure model
-``orchestrator.sim.model.simulate_workload`` (computed once per config and bucket), so no HTTP.
+``orchestrator.sim.simulate_workload`` (computed once per config and bucket), so no HTTP.
 Both objectives are compared: ``scalar`` (mean log throughput over buckets) and ``multi`` (one
 objective per bucket, multi-objective TPE).
 
@@ -41,11 +41,11 @@ sys.path.insert(0, str(ROOT))
 import optuna  # noqa: E402
 import yaml  # noqa: E402
 
-from orchestrator.sim.model import SimModelError, load_profile, simulate_workload  # noqa: E402
+from orchestrator.sim import DEFAULT_PROFILE, SimModelError, load_profile, simulate_workload  # noqa: E402
 from tuning.buckets import make_buckets  # noqa: E402
 from tuning.space import SearchSpace  # noqa: E402
 
-PROFILE = "intern-s2-preview-8xh200"
+PROFILE = DEFAULT_PROFILE
 FAILED = 1e-3
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from orchestrator.config import EngineConfig
 from orchestrator.engine import EngineProcess
+from orchestrator.sim.model import DEFAULT_PROFILE
 from orchestrator.ports import find_free_port
 from tuning.bench import (
     BenchResult,
@@ -33,7 +34,7 @@ from tuning.bench.steady import _SteadyStateTracker, _t_quantile
 from tuning.workload import Workload, build_requests
 
 ROOT = Path(__file__).resolve().parent.parent
-PROFILE = "intern-s2-preview-8xh200"
+PROFILE = DEFAULT_PROFILE
 TIME_SCALE = 20.0
 MTP = EngineConfig(backend="sim", model=PROFILE, tp=8, speculative_algorithm="qwen3_5_mtp", num_draft_tokens=3)
 NO_MTP = EngineConfig(backend="sim", model=PROFILE, tp=8)

@@ -1,7 +1,7 @@
 """`python -m tuning.report` on a synthetic simulated run dir, and its pure functions on hand-made frames.
 
 The run dir is built the way the sweep builds one, without Ray: each config's bucket figures come from
-the simulator's pure model (:func:`orchestrator.sim.model.simulate_workload`), rows from
+the simulator's pure model (:func:`orchestrator.sim.simulate_workload`), rows from
 :func:`tuning.results.rows_for_trial`, the table from :func:`tuning.results.pick_best` and
 :func:`tuning.results.commit_table`.
 """
@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from orchestrator.config import EngineConfig
-from orchestrator.sim.model import load_profile, simulate_workload
+from orchestrator.sim import load_profile, simulate_workload
 from tuning import report
 from tuning.buckets import make_buckets
 from tuning.results import commit_table, failed_rows, pick_best, results_frame, rows_for_trial, write_results

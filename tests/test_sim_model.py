@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.sim.model import EngineParams, PerformanceModel, SimOutOfMemory, load_profile
+from orchestrator.errors import OrchestratorError
+from orchestrator.sim.model import DEFAULT_PROFILE, EngineParams, PerformanceModel, SimModelError, SimOutOfMemory, load_profile
 from orchestrator.sim.scheduler import simulate_workload
 from orchestrator.sim.tokenizer import count_tokens, sample_text
 
-PROFILE = load_profile("intern-s2-preview-8xh200")
+PROFILE = load_profile(DEFAULT_PROFILE)
 PUBLISHED = PROFILE.extra["published"]
 BUCKETS = ["1024", "4096", "8192", "16000"]
 
@@ -64,6 +65,12 @@ def test_oom_at_start_when_memory_does_not_fit() -> None:
         PerformanceModel(PROFILE, EngineParams(tp=8, memory_fraction=0.001, session_len=131072))
     with pytest.raises(SimOutOfMemory, match="weights"):
         PerformanceModel(PROFILE, EngineParams(tp=2))
+
+
+def test_model_errors_are_project_errors_and_value_errors() -> None:
+    for exc in (OrchestratorError, ValueError, SimModelError):
+        with pytest.raises(exc, match="profile"):
+            load_profile("no-such-profile")
 
 
 def test_tokenizer_counts_sampled_text_exactly() -> None:

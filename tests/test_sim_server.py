@@ -16,6 +16,10 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from orchestrator.errors import OrchestratorError
+from orchestrator.sim.model import DEFAULT_PROFILE
+from orchestrator.sim.server import OpenAIError
+
 ROOT = Path(__file__).resolve().parents[1]
 MTP = ["--speculative-algorithm", "qwen3_5_mtp", "--speculative-num-draft-tokens", "3"]
 
@@ -45,7 +49,7 @@ class Sim:
     def __init__(self, *flags: str, time_scale: float = 50.0) -> None:
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        argv = [sys.executable, "-m", "orchestrator.sim", "--profile", "intern-s2-preview-8xh200",
+        argv = [sys.executable, "-m", "orchestrator.sim", "--profile", DEFAULT_PROFILE,
                 "--server-name", "127.0.0.1", "--server-port", str(self.port), "--tp", "8",
                 "--cache-max-entry-count", "0.8", "--max-prefill-token-num", "8192",
                 "--time-scale", str(time_scale), *flags]
@@ -103,7 +107,7 @@ def _metrics(sim: Sim) -> dict[str, float]:
 def test_models_info_and_header(mtp_sim: Sim) -> None:
     status, body, headers = _get(mtp_sim.base + "/v1/models")
     data = json.loads(body)
-    assert data["data"][0]["id"] == "intern-s2-preview-8xh200" and data["data"][0]["owned_by"] == "simulator"
+    assert data["data"][0]["id"] == DEFAULT_PROFILE and data["data"][0]["owned_by"] == "simulator"
     assert headers.get("x-simulated-engine") == "true"
     info = json.loads(_get(mtp_sim.base + "/sim/info")[1])
     assert info["simulated"] is True and info["time_scale"] == 50.0 and info["config"]["num_draft_tokens"] == 3
@@ -113,15 +117,15 @@ def test_models_info_and_header(mtp_sim: Sim) -> None:
 def test_completions_and_chat_usage_streaming_and_not(mtp_sim: Sim) -> None:
     client = mtp_sim.client()
     extra = {"ignore_eos": True}
-    r = client.completions.create(model="intern-s2-preview-8xh200", prompt="The Zen of Python", max_tokens=40,
+    r = client.completions.create(model=DEFAULT_PROFILE, prompt="The Zen of Python", max_tokens=40,
                                   temperature=0, extra_body=extra)
     assert r.usage.completion_tokens == 40 and r.usage.prompt_tokens == 4 and r.choices[0].finish_reason == "length"
-    c = client.chat.completions.create(model="intern-s2-preview-8xh200", max_tokens=33, temperature=0,
+    c = client.chat.completions.create(model=DEFAULT_PROFILE, max_tokens=33, temperature=0,
                                        messages=[{"role": "user", "content": "hello there"}], extra_body=extra)
     assert c.usage.completion_tokens == 33 and c.choices[0].message.content
 
     events, usage = [], None
-    for chunk in client.completions.create(model="intern-s2-preview-8xh200", prompt="x", max_tokens=200,
+    for chunk in client.completions.create(model=DEFAULT_PROFILE, prompt="x", max_tokens=200,
                                            temperature=0, stream=True, stream_options={"include_usage": True},
                                            extra_body=extra):
         if chunk.choices:
@@ -131,7 +135,7 @@ def test_completions_and_chat_usage_streaming_and_not(mtp_sim: Sim) -> None:
     assert usage.completion_tokens == 200 == sum(events)
     assert max(events) > 1  # under MTP one SSE event carries several tokens
     chat_tokens = 0
-    for chunk in client.chat.completions.create(model="intern-s2-preview-8xh200", max_tokens=50, stream=True,
+    for chunk in client.chat.completions.create(model=DEFAULT_PROFILE, max_tokens=50, stream=True,
                                                 messages=[{"role": "user", "content": "hi"}], extra_body=extra):
         if chunk.choices and chunk.choices[0].delta.content:
             chat_tokens += len(chunk.choices[0].delta.content.split())
@@ -145,7 +149,7 @@ def test_metrics_parse_and_move(mtp_sim: Sim) -> None:
                  "lmdeploy:num_requests_waiting", "sim_time_scale", "sim_generation_tokens_total",
                  "sim_requests_total"):
         assert name in before, name
-    mtp_sim.client().completions.create(model="intern-s2-preview-8xh200", prompt="a b c", max_tokens=300,
+    mtp_sim.client().completions.create(model=DEFAULT_PROFILE, prompt="a b c", max_tokens=300,
                                         extra_body={"ignore_eos": True}, temperature=0)
     after = _metrics(mtp_sim)
     drafts = after["lmdeploy:spec_decode_num_drafts_total"] - before["lmdeploy:spec_decode_num_drafts_total"]
@@ -156,6 +160,24 @@ def test_metrics_parse_and_move(mtp_sim: Sim) -> None:
     assert after["sim_generation_tokens_total"] - before["sim_generation_tokens_total"] == 300
     assert after["sim_requests_total"] - before["sim_requests_total"] == 1
     assert drafts + accepted == 299  # every decode step emits 1 + accepted; the first token is prefill's
+
+
+def test_metrics_gzipped_only_when_the_client_accepts_it(mtp_sim: Sim) -> None:
+    import gzip
+
+    plain = _metrics(mtp_sim)
+    req = urllib.request.Request(mtp_sim.base + "/metrics", headers={"Accept-Encoding": "deflate, gzip;q=0.5"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        assert r.headers["Content-Encoding"] == "gzip" and r.headers["Content-Type"].startswith("text/plain")
+        text = gzip.decompress(r.read()).decode()
+    zipped = {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
+    assert set(zipped) == set(plain)
+    status, _, headers = _get(mtp_sim.base + "/metrics")
+    assert status == 200 and "Content-Encoding" not in headers
+
+
+def test_request_errors_are_project_errors() -> None:
+    assert issubclass(OpenAIError, OrchestratorError)
 
 
 @pytest.mark.parametrize("body, param", [
@@ -179,7 +201,7 @@ def test_bad_request_is_openai_error_json(mtp_sim: Sim, body: dict, param: str) 
 
 def test_eos_may_stop_early_without_ignore_eos(mtp_sim: Sim) -> None:
     client = mtp_sim.client()
-    counts = [client.completions.create(model="intern-s2-preview-8xh200", prompt="p", max_tokens=3000, seed=i,
+    counts = [client.completions.create(model=DEFAULT_PROFILE, prompt="p", max_tokens=3000, seed=i,
                                         temperature=0).usage.completion_tokens for i in range(4)]
     assert all(1 <= c <= 3000 for c in counts) and min(counts) < 3000
 

@@ -37,6 +37,8 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from orchestrator.errors import OrchestratorError
+
 __all__ = [
     "PROFILES_DIR",
     "DEFAULT_PROFILE",
@@ -48,8 +50,6 @@ __all__ = [
     "list_profiles",
     "emission_schedule",
     "expected_accept_length",
-    "simulate_workload",
-    "SimSummary",
 ]
 
 PROFILES_DIR = Path(__file__).with_name("profiles")
@@ -58,7 +58,7 @@ _PROFILE_SECTIONS = ("architecture", "mtp", "hardware", "fitted", "acceptance")
 _POS_BIN = 16  # acceptance tables are tabulated every 16 output positions (smooth in position)
 
 
-class SimModelError(ValueError):
+class SimModelError(OrchestratorError, ValueError):
     """A profile or engine parameter is invalid; the message says which and what is allowed."""
 
 
@@ -402,18 +402,3 @@ class PerformanceModel:
             "memory_gb": {k.removesuffix("_bytes"): round(v / 1e9, 2) for k, v in mem.items()},
             "decode_step_ms_bs64_ctx2k": round(self.decode_time(64, 64 * 2048) * 1e3, 3),
         }
-
-
-def simulate_workload(*args: Any, **kwargs: Any) -> SimSummary:
-    """See :func:`orchestrator.sim.scheduler.simulate_workload` (re-exported here for the contract)."""
-    from orchestrator.sim.scheduler import simulate_workload as _impl
-
-    return _impl(*args, **kwargs)
-
-
-def __getattr__(name: str) -> Any:
-    if name == "SimSummary":
-        from orchestrator.sim.scheduler import SimSummary
-
-        return SimSummary
-    raise AttributeError(name)

@@ -9,6 +9,7 @@ so under MTP an event carries ``1 + accepted`` tokens, as with real speculative 
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import logging
 import os
@@ -19,10 +20,10 @@ from dataclasses import asdict
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import _bake_output
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from orchestrator.errors import OrchestratorError
 from orchestrator.ports import host_boot_id
 from orchestrator.sim import tokenizer
 from orchestrator.sim.model import EngineParams, PerformanceModel, Profile
@@ -34,7 +35,7 @@ log = logging.getLogger("orchestrator.sim")
 SIM_HEADER = "x-simulated-engine"
 
 
-class OpenAIError(Exception):
+class OpenAIError(OrchestratorError):
     """A request error rendered as OpenAI's ``{"error": {...}}`` JSON with an HTTP status."""
 
     def __init__(self, message: str, *, status: int = 400, param: str | None = None,
@@ -273,6 +274,12 @@ class _MetricsCollector:
         yield CounterMetricFamily("sim_requests", "Requests received.", value=c["requests"])
 
 
+def _accepts_gzip(accept_encoding: str) -> bool:
+    """Whether an ``Accept-Encoding`` header lists gzip (quality values are not weighed, as
+    prometheus_client does not weigh them either)."""
+    return any(part.split(";")[0].strip().lower() == "gzip" for part in accept_encoding.split(","))
+
+
 # ----- request parsing ------------------------------------------------------------------------
 def _field(body: dict, name: str, types: tuple, default: Any = None) -> Any:
     value = body.get(name, default)
@@ -371,10 +378,14 @@ def build_app(engine: SimEngine) -> web.Application:
         return web.Response(text="")
 
     async def metrics(request: web.Request) -> web.Response:
-        # Like LMDeploy's /metrics (prometheus_client's ASGI app): gzip when the client accepts it.
-        status, headers, body = _bake_output(registry, request.headers.get("Accept", ""),
-                                             request.headers.get("Accept-Encoding", ""), {}, False)
-        return web.Response(body=body, headers=dict(headers), status=int(status.split()[0]))
+        # Like LMDeploy's /metrics (prometheus_client's ASGI app): the text format, gzipped when the
+        # client accepts it (aiohttp clients ask for it by default).
+        body = generate_latest(registry)
+        headers = {"Content-Type": CONTENT_TYPE_LATEST}
+        if _accepts_gzip(request.headers.get("Accept-Encoding", "")):
+            body = gzip.compress(body)
+            headers["Content-Encoding"] = "gzip"
+        return web.Response(body=body, headers=headers)
 
     async def info(_request: web.Request) -> web.Response:
         return web.json_response(engine.info())

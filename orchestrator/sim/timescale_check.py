@@ -17,6 +17,7 @@ import time
 
 import aiohttp
 
+from orchestrator.sim.model import DEFAULT_PROFILE
 from orchestrator.sim.scheduler import simulate_workload
 from orchestrator.sim.tokenizer import sample_text
 
@@ -56,7 +57,7 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=1024)
     ap.add_argument("--draft-tokens", type=int, default=3)
     a = ap.parse_args()
-    ref = simulate_workload("intern-s2-preview-8xh200", a.draft_tokens, input_len=a.input_len,
+    ref = simulate_workload(DEFAULT_PROFILE, a.draft_tokens, input_len=a.input_len,
                             output_len=a.output_len, num_prompts=a.num_prompts, concurrency=a.concurrency)
     print(f"virtual clock: {ref.output_throughput:.0f} tok/s ({ref.duration_s:.1f} simulated s)")
     for scale in [float(s) for s in a.scales.split(",")]:
