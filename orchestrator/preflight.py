@@ -10,6 +10,13 @@ For LMDeploy's PyTorch engine with MTP speculation (LMDeploy 0.18 facts):
 - LMDeploy >= 0.14 (first release with ``--speculative-algorithm qwen3_5_mtp``);
 - FlashAttention-3 (``flash_attn_interface``): LMDeploy refuses speculation on CUDA without it.
 
+For LMDeploy's TurboMind engine: its native module ``lmdeploy/turbomind/_turbomind*.so`` loads.
+LMDeploy catches that import's failure and only says "native module is unavailable" once the server
+has started, without naming the cause; the wheel's binary is a CUDA 12 build, so on a CUDA 13 node
+it misses ``libcudart.so.12`` and ``libcublas.so.12`` (docs/turbomind.md). The load is attempted for
+real in a child Python (the engine's interpreter and environment), so the loader names what is
+missing and nothing CUDA-related is loaded into the orchestrating process.
+
 Weights are inspected by reading safetensors headers directly (8-byte little-endian length, then a
 JSON header), so no torch is needed on the orchestrating node. Every failure says what to do.
 """
@@ -20,9 +27,12 @@ import importlib.metadata
 import importlib.util
 import json
 import logging
+import os
 import re
 import struct
-from collections.abc import Callable
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from orchestrator.config import Backend, EngineConfig
@@ -35,6 +45,7 @@ __all__ = [
     "check_model_path",
     "check_mtp_weights",
     "check_sim_profile",
+    "check_turbomind",
     "is_hub_id",
     "preflight",
     "preflight_report",
@@ -94,6 +105,123 @@ def check_fa3() -> None:
             f"FlashAttention-3 is installed but fails to import ({type(exc).__name__}: {exc}); it was "
             f"probably built for another torch/CUDA. Rebuild it here. {FA3_FIX}"
         ) from None
+
+
+_TURBOMIND_PROBE = r"""
+import glob, importlib.machinery, importlib.util, json, os
+def say(**kw):
+    print("TURBOMIND_PROBE " + json.dumps(kw))
+spec = importlib.util.find_spec("lmdeploy")  # locates the package without running its __init__
+if spec is None or not spec.submodule_search_locations:
+    say(status="no-lmdeploy")
+    raise SystemExit
+folder = os.path.join(list(spec.submodule_search_locations)[0], "turbomind")
+binary = sorted(p for p in glob.glob(os.path.join(folder, "_turbomind*"))
+                if p.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)))
+if not binary:
+    say(status="no-binary", folder=folder)
+    raise SystemExit
+try:
+    import torch  # noqa: F401  (as lmdeploy.turbomind does first: its CUDA libraries load first)
+except ImportError:
+    pass
+name = "lmdeploy.turbomind._turbomind"
+loader = importlib.machinery.ExtensionFileLoader(name, binary[0])
+try:
+    importlib.util.module_from_spec(importlib.util.spec_from_file_location(name, binary[0], loader=loader))
+except (ImportError, OSError) as exc:
+    say(status="load-failed", binary=binary[0], error=f"{type(exc).__name__}: {exc}")
+else:
+    say(status="ok", binary=binary[0])
+"""
+"""Run in the engine's Python: loads TurboMind's binary the way ``lmdeploy.turbomind`` does (torch
+first), without importing LMDeploy itself, and prints one ``TURBOMIND_PROBE {json}`` line."""
+
+TURBOMIND_DOC = "docs/turbomind.md"
+
+_MISSING_LIBRARY_FIX = {
+    "libcudart.so.12": (
+        "the CUDA 12 runtime. On a CUDA 12 node `pip install lmdeploy==0.18.0` brings it "
+        "(nvidia-cuda-runtime-cu12); on a CUDA 13 node install that wheel too "
+        "(`pip install nvidia-cuda-runtime-cu12`, ~3.5 MB) or copy its libcudart.so.12 into {lib}"
+    ),
+    "libcublas.so.12": (
+        "cuBLAS 12. On a CUDA 12 node `pip install nvidia-cublas-cu12`; on a CUDA 13 node either that "
+        "wheel (~580 MB) or the six-call pass-through to cuBLAS 13: "
+        "`bash benchmarks/gpu/turbomind/build_shim.sh {lib}`"
+    ),
+    "libcublasLt.so.12": (
+        "cuBLASLt 12 (linked, never called). `pip install nvidia-cublas-cu12`, or on a CUDA 13 node "
+        "`bash benchmarks/gpu/turbomind/build_shim.sh {lib}` (builds an empty stand-in with the cuBLAS shim)"
+    ),
+    "libnccl.so.2": (
+        "NCCL. `pip install nvidia-nccl-cu12` (CUDA 12) or nvidia-nccl-cu13 (torch's CUDA 13 build brings "
+        "it); or put its lib folder on LD_LIBRARY_PATH"
+    ),
+    "libcuda.so.1": "the NVIDIA driver's library: this node has no NVIDIA driver (TurboMind needs a GPU node)",
+}
+
+
+def check_turbomind(*, python: str | None = None, env: Mapping[str, str] | None = None,
+                    timeout_s: float = 180.0) -> str:
+    """LMDeploy's TurboMind binary loads in ``python`` (default: this interpreter) under ``env``
+    (merged over this environment: pass the engine's own, e.g. its ``LD_LIBRARY_PATH``).
+
+    Returns the binary's path. Raises :class:`PreflightError` naming the missing library and its fix.
+    """
+    argv = [python or sys.executable, "-c", _TURBOMIND_PROBE]
+    full_env = {**os.environ, **(env or {})}
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=full_env)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise PreflightError(f"cannot run {argv[0]!r} to check TurboMind's binary ({exc})") from None
+    line = next((ln for ln in reversed(done.stdout.splitlines()) if ln.startswith("TURBOMIND_PROBE ")), None)
+    if line is None:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        raise PreflightError(
+            f"the TurboMind check in {argv[0]!r} ended without an answer (exit {done.returncode}): "
+            f"{' / '.join(tail) or 'no output'}"
+        )
+    probe = json.loads(line.split(" ", 1)[1])
+    return _turbomind_verdict(probe)
+
+
+def _turbomind_verdict(probe: Mapping[str, str]) -> str:
+    status = probe.get("status")
+    if status == "ok":
+        return probe["binary"]
+    if status == "no-lmdeploy":
+        raise PreflightError(
+            "backend 'turbomind' needs LMDeploy: pip install lmdeploy==0.18.0 (it carries TurboMind's binary)"
+        )
+    if status == "no-binary":
+        raise PreflightError(
+            f"LMDeploy is installed without TurboMind's native module (no _turbomind*.so in {probe['folder']}; "
+            f"a source or repacked install). Install the PyPI wheel (pip install --force-reinstall "
+            f"lmdeploy==0.18.0) or build LMDeploy with TurboMind; see {TURBOMIND_DOC}"
+        )
+    error = probe.get("error", "")
+    binary = probe.get("binary", "_turbomind")
+    lib = os.path.join(os.path.dirname(binary), "lib")
+    missing = re.search(r"([\w.+-]+\.so(?:\.[\w]+)*): cannot open shared object file", error)
+    if missing:
+        name = missing.group(1)
+        fix = _MISSING_LIBRARY_FIX.get(name, "install the package that provides it, or put its folder on "
+                                            "LD_LIBRARY_PATH").format(lib=lib)
+        raise PreflightError(
+            f"TurboMind's binary {binary} cannot load: {name} is missing. It needs {fix}. "
+            f"The binary searches {lib} first. See {TURBOMIND_DOC}. (loader: {error})"
+        )
+    symbol = re.search(r"undefined symbol: (\S+)", error)
+    if symbol:
+        raise PreflightError(
+            f"TurboMind's binary {binary} cannot load: a library it links lacks symbol {symbol.group(1)} "
+            f"(another version than the one LMDeploy was built against); see {TURBOMIND_DOC}. (loader: {error})"
+        )
+    raise PreflightError(
+        f"TurboMind's binary {binary} cannot load ({error}); it must match this Python and LMDeploy 0.18's "
+        f"wheel (cp312 on PyPI); see {TURBOMIND_DOC}"
+    )
 
 
 def is_hub_id(model: str) -> bool:
@@ -182,13 +310,14 @@ def check_sim_profile(name: str) -> None:
 
 
 # ----- all checks for a config ------------------------------------------------------------------
-def preflight_report(config: EngineConfig) -> list[str]:
+def preflight_report(config: EngineConfig, *, env: Mapping[str, str] | None = None) -> list[str]:
     """Every problem that stops ``config`` from running on this node (empty list: good to go).
 
-    All checks run, so one report lists everything to fix.
+    All checks run, so one report lists everything to fix. ``env``: what the engine's environment
+    adds to this one (the TurboMind check loads the binary under it).
     """
     problems: list[str] = []
-    for check in _checks_for(config):
+    for check in _checks_for(config, env):
         try:
             check()
         except PreflightError as exc:
@@ -196,9 +325,9 @@ def preflight_report(config: EngineConfig) -> list[str]:
     return problems
 
 
-def preflight(config: EngineConfig) -> None:
+def preflight(config: EngineConfig, *, env: Mapping[str, str] | None = None) -> None:
     """Raise :class:`PreflightError` listing every problem :func:`preflight_report` finds."""
-    problems = preflight_report(config)
+    problems = preflight_report(config, env=env)
     if len(problems) == 1:
         raise PreflightError(problems[0])
     if problems:
@@ -207,10 +336,12 @@ def preflight(config: EngineConfig) -> None:
         )
 
 
-def _checks_for(config: EngineConfig) -> list[Callable[[], object]]:
+def _checks_for(config: EngineConfig, env: Mapping[str, str] | None = None) -> list[Callable[[], object]]:
     if config.backend is Backend.SIM:
         return [lambda: check_sim_profile(config.model)]
     checks: list[Callable[[], object]] = []
+    if config.backend is Backend.TURBOMIND:
+        checks.append(lambda: check_turbomind(env=env))
     if config.backend is Backend.PYTORCH and config.speculative:
         checks += [check_lmdeploy_version, check_fa3]
 

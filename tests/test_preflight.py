@@ -1,11 +1,15 @@
 """Preflight on tiny fake checkpoints and fake installed packages (real files on sys.path, no mocks)."""
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import json
 import logging
+import shutil
 import struct
+import subprocess
 import sys
+import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +23,7 @@ from orchestrator.preflight import (
     check_model_path,
     check_mtp_weights,
     check_sim_profile,
+    check_turbomind,
     preflight,
     preflight_report,
     safetensors_tensor_names,
@@ -220,11 +225,108 @@ def test_preflight_passes_with_everything_in_place(
 
 
 def test_preflight_without_speculation_only_needs_the_model(tmp_path: Path) -> None:
-    """TurboMind and non-speculative PyTorch: no MTP, LMDeploy-version or FA3 checks."""
-    preflight(EngineConfig(backend="turbomind", model=str(tmp_path), tp=2))
+    """Non-speculative PyTorch: no MTP, LMDeploy-version or FA3 checks."""
     preflight(EngineConfig(backend="pytorch", model="internlm/Intern-S2-Preview", tp=2))
     with pytest.raises(PreflightError, match="does not exist"):
-        preflight(EngineConfig(backend="turbomind", model=str(tmp_path / "missing")))
+        preflight(EngineConfig(backend="pytorch", model=str(tmp_path / "missing")))
+
+
+# ----- TurboMind's binary: real shared objects, loaded for real in a child Python --------------------
+CC = shutil.which("gcc") or shutil.which("cc")
+PY_INCLUDE = sysconfig.get_paths()["include"]
+needs_cc = pytest.mark.skipif(CC is None or not (Path(PY_INCLUDE) / "Python.h").is_file(),
+                              reason="needs a C compiler and Python's headers to build test binaries")
+EXTENSION = "_turbomind" + importlib.machinery.EXTENSION_SUFFIXES[0]
+MODULE_C = """#include <Python.h>
+static struct PyModuleDef def = {PyModuleDef_HEAD_INIT, "_turbomind", NULL, -1, NULL};
+PyMODINIT_FUNC PyInit__turbomind(void) { return PyModule_Create(&def); }
+"""
+
+
+def _cc(*args: str | Path) -> None:
+    subprocess.run([CC, *map(str, args)], check=True, capture_output=True)
+
+
+def build_shared_library(folder: Path, soname: str) -> Path:
+    """A real (empty) shared object named ``soname``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "empty.c").write_text("int mtp_autotune_test_symbol;\n")
+    _cc("-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", folder / soname, folder / "empty.c")
+    return folder / soname
+
+
+def install_fake_turbomind(site: Path, tmp_path: Path, needs: str) -> Path:
+    """LMDeploy's layout (``lmdeploy/turbomind/_turbomind*.so`` with RUNPATH ``$ORIGIN/lib``): a real
+    Python extension linked against a library ``needs``, which is then removed, as a CUDA 12 build of
+    TurboMind finds no ``libcudart.so.12`` on a CUDA 13 node. Returns ``lmdeploy/turbomind/lib``."""
+    install_fake_lmdeploy(site, "0.18.0")
+    folder = site / "lmdeploy" / "turbomind"
+    folder.mkdir()
+    (folder / "module.c").write_text(MODULE_C)
+    linked = build_shared_library(tmp_path / "linked", needs)
+    _cc("-shared", "-fPIC", f"-I{PY_INCLUDE}", "-o", folder / EXTENSION, folder / "module.c",
+        "-Wl,--no-as-needed", f"-L{linked.parent}", f"-l:{needs}", "-Wl,--enable-new-dtags,-rpath,$ORIGIN/lib")
+    shutil.rmtree(linked.parent)
+    return folder / "lib"
+
+
+def _child_path(site: Path) -> dict[str, str]:
+    """The child Python finds the fake install first (``sys.path`` of the probe)."""
+    return {"PYTHONPATH": str(site)}
+
+
+@needs_cc
+def test_turbomind_missing_cudart_names_it_and_the_fix_then_loads_once_it_is_there(
+    site: Path, tmp_path: Path
+) -> None:
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcudart.so.12")
+        pytest.skip("this node has a real libcudart.so.12 on its library path")
+    except OSError:
+        pass
+    lib = install_fake_turbomind(site, tmp_path, "libcudart.so.12")
+    with pytest.raises(PreflightError) as info:
+        check_turbomind(env=_child_path(site))
+    message = str(info.value)
+    assert "libcudart.so.12 is missing" in message
+    assert "pip install lmdeploy==0.18.0" in message and "nvidia-cuda-runtime-cu12" in message
+    assert str(lib) in message and "docs/turbomind.md" in message
+    assert "cannot open shared object file" in message  # the loader's own words are kept
+
+    build_shared_library(lib, "libcudart.so.12")  # the fix: the library where the binary looks first
+    assert check_turbomind(env=_child_path(site)) == str(lib.parent / EXTENSION)
+
+
+@needs_cc
+def test_turbomind_any_missing_library_is_named(site: Path, tmp_path: Path) -> None:
+    install_fake_turbomind(site, tmp_path, "libmtp_autotune_absent.so.7")
+    problems = preflight_report(EngineConfig(backend="turbomind", model=str(tmp_path)), env=_child_path(site))
+    assert len(problems) == 1
+    assert "libmtp_autotune_absent.so.7 is missing" in problems[0]
+    assert "LD_LIBRARY_PATH" in problems[0]
+
+
+def test_turbomind_binary_absent_says_reinstall(site: Path, tmp_path: Path) -> None:
+    """The repacked wheel the project carries for the PyTorch engine alone has no ``_turbomind``."""
+    install_fake_lmdeploy(site, "0.18.0")
+    (site / "lmdeploy" / "turbomind").mkdir()
+    with pytest.raises(PreflightError, match=r"without TurboMind's native module .*lmdeploy==0\.18\.0"):
+        check_turbomind(env=_child_path(site))
+
+
+@pytest.mark.skipif(HAVE_LMDEPLOY, reason="LMDeploy is installed here")
+def test_turbomind_without_lmdeploy_says_install(tmp_path: Path) -> None:
+    problems = preflight_report(EngineConfig(backend="turbomind", model=str(tmp_path / "missing")))
+    assert len(problems) == 2  # every problem at once: the engine and the model
+    assert "needs LMDeploy: pip install lmdeploy==0.18.0" in problems[0]
+    assert "does not exist" in problems[1]
+
+
+def test_turbomind_check_runs_the_engines_python() -> None:
+    with pytest.raises(PreflightError, match="cannot run '/no/such/python'"):
+        check_turbomind(python="/no/such/python")
 
 
 def test_sim_profiles() -> None:
