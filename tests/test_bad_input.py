@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 
 from orchestrator.config import EngineConfig
 from orchestrator.ports import find_free_port
-from orchestrator.serve.protocol import ApiError, parse_request
+from orchestrator.serve.protocol import ApiError, encode_body, parse_request
 from orchestrator import table as routing
 from orchestrator.fsutil import utc_now_iso
 from orchestrator.table import RoutingTableError
@@ -144,6 +144,13 @@ CASES: list[tuple[str, bytes, dict[str, str], int, str | None]] = [
     ("completions", _j({**GOOD_COMPLETION, "model": "../../etc/passwd"}), {}, 404, "model"),
     ("completions", _j({**GOOD_COMPLETION, "model": ""}), {}, 400, "model"),
     ("chat", _j({**GOOD_CHAT, "model": MODEL + "\x00"}), {}, 404, "model"),
+    # lone UTF-16 surrogate escapes: valid JSON, not Unicode; a 400 naming the field, never a 5xx
+    ("completions", b'{"prompt": "a\\ud800b", "max_tokens": 4}', {}, 400, "prompt"),
+    ("completions", b'{"prompt": ["ok", "\\udc00"], "max_tokens": 4}', {}, 400, "prompt.1"),
+    ("chat", b'{"messages": [{"role": "user", "content": "\\ud800"}], "max_tokens": 4}', {}, 400,
+     "messages.0.content"),
+    ("chat", b'{"messages": [{"role": "user", "content": "x"}], "model": "\\udfff", "max_tokens": 4}', {}, 400, "model"),
+    ("chat", b'{"messages": [{"role": "user", "content": "x"}], "user": "\\ud83d", "max_tokens": 4}', {}, 400, "user"),
     # prompt + output beyond the engine's context (session_len 2048): the engine says so, as a 400
     ("completions", _j({**GOOD_COMPLETION, "prompt": "word " * 3000, "max_tokens": 16}), {}, 400, "max_tokens"),
     ("chat", _j({**GOOD_CHAT, "max_tokens": SESSION_LEN + 100}), {}, 400, "max_tokens"),
@@ -406,6 +413,64 @@ def test_mutated_valid_requests_parse_or_get_a_4xx(kind_doc):
     assert isinstance(p.stream, bool) and isinstance(p.client_wants_usage, bool)
     json.dumps(p.body, allow_nan=True)
     assert ("messages" in p.body) if kind == "chat" else ("prompt" in p.body)
+
+
+_odd_text = st.text(
+    alphabet=st.one_of(st.characters(), st.characters(categories=["Cs"]),  # lone surrogates: Cs
+                       st.sampled_from(["\x00", "\ufeff", "\u202e", "\U0001f600", "\ud83d", "\ude00", "\\", '"'])),
+    max_size=12,
+)
+
+
+def _string_paths(obj: Any) -> list[tuple]:
+    return [p for p in _paths(obj) if isinstance(_at(obj, p), str)]
+
+
+def _at(obj: Any, path: tuple) -> Any:
+    for p in path:
+        obj = obj[p]
+    return obj
+
+
+@st.composite
+def _with_odd_strings(draw: st.DrawFn, base: st.SearchStrategy[dict]) -> dict:
+    """A valid document whose string fields (any of them, and a pass-through field) hold odd strings:
+    lone surrogates, NUL, BOM, bidi overrides, astral characters, quotes and backslashes."""
+    doc = copy.deepcopy(draw(base))
+    doc["user"] = "someone"  # a field the router passes through untouched
+    for path in draw(st.lists(st.sampled_from(_string_paths(doc)), min_size=1, max_size=3, unique=True)):
+        parent = _at(doc, path[:-1])
+        parent[path[-1]] = draw(_odd_text)
+    return doc
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(_with_odd_strings(_valid_chat()).map(lambda d: ("chat", d)),
+                 _with_odd_strings(_valid_completion()).map(lambda d: ("completions", d))))
+def test_odd_strings_in_any_string_field_are_forwarded_or_named_in_a_4xx(kind_doc):
+    """What the router does with a body: parse it, then re-encode it for the engine (accepted) or answer
+    the error as a JSON response (refused). Neither step may fail on any string a client can send
+    (``json.dumps`` escapes lone surrogates as ``\\ud800``, which JSON allows)."""
+    from starlette.responses import JSONResponse
+
+    kind, doc = kind_doc
+    raw = json.dumps(doc).encode()
+    try:
+        p = parse_request(raw, kind, served_model_names=NAMES | {doc.get("model") or MODEL}, max_tokens_limit=LIMIT)
+    except ApiError as e:
+        assert 400 <= e.status < 500
+        JSONResponse(e.body(), status_code=e.status)  # the router's error response renders
+        if e.code == "invalid_encoding":  # names the field the client sent, which holds a lone surrogate
+            bad = [q for q in _paths(doc) if ".".join(map(str, q)) == e.param]
+            assert bad and any(0xD800 <= ord(c) <= 0xDFFF for c in _at(doc, bad[0])), e
+        return
+    assert json.loads(encode_body(p.body)) == p.body  # the engine gets the client's strings unchanged
+
+
+def test_a_paired_surrogate_escape_is_one_character_and_is_forwarded():
+    p = parse_request(b'{"prompt": "\\ud83d\\ude00", "max_tokens": 4}', "completions",
+                      served_model_names=NAMES, max_tokens_limit=LIMIT)
+    assert p.body["prompt"] == "\U0001f600" and encode_body(p.body) == json.dumps(p.body, ensure_ascii=False).encode()
 
 
 # ----- structure-aware fuzzing of routing-table loading --------------------------------------------------

@@ -274,3 +274,48 @@ def test_replica_yields_what_arrived_together_as_one_item_and_never_waits_for_mo
             await runner.cleanup()
 
     asyncio.run(scenario())
+
+
+def test_serve_cancelling_the_receive_channel_ends_a_stream_without_an_error(caplog):
+    """Under Serve, ``receive()`` is a call to the proxy that Serve cancels when the request finishes;
+    it raises ``TaskCancelledError`` in Starlette's disconnect listener. That is a disconnect, logged at
+    debug level: a normal streaming load must log no ERROR (``tests/test_serve_app.py`` checks the
+    router's Serve log under a real load)."""
+    import logging
+
+    from ray.exceptions import TaskCancelledError
+
+    from orchestrator.serve.router import _RelayResponse
+
+    async def scenario() -> list[dict]:
+        sent: list[dict] = []
+        first_chunk_sent = asyncio.Event()
+
+        async def body():
+            yield b"data: 1\n\n"
+            await asyncio.sleep(30)  # a stream still running when Serve cancels the request
+            yield b"data: 2\n\n"
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+            if message.get("body"):
+                first_chunk_sent.set()
+
+        async def receive() -> dict:
+            await first_chunk_sent.wait()
+            raise TaskCancelledError()
+
+        scope = {"type": "http", "asgi": {"spec_version": "2.1"}}  # Serve's replicas run the listener path
+        await asyncio.wait_for(_RelayResponse(body(), media_type="text/event-stream")(scope, receive, send), 10)
+        return sent
+
+    serve_logger = logging.getLogger("ray.serve")  # Ray's logger does not propagate to the root
+    serve_logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="ray.serve"):
+            sent = asyncio.run(scenario())
+    finally:
+        serve_logger.removeHandler(caplog.handler)
+    assert [m.get("body") for m in sent if m["type"] == "http.response.body"] == [b"data: 1\n\n"]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any("cancelled" in r.getMessage() and r.levelno == logging.DEBUG for r in caplog.records)

@@ -23,6 +23,7 @@ __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "ApiError",
     "ParsedRequest",
+    "encode_body",
     "parse_request",
 ]
 
@@ -145,6 +146,7 @@ def parse_request(
         raise ApiError(400, f"request body is not valid JSON: {msg}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise ApiError(400, f"request body must be a JSON object, got {type(data).__name__}", code="invalid_json")
+    _refuse_lone_surrogates(data, ())
     try:
         req = _MODELS[kind].model_validate(data)
     except ValidationError as e:
@@ -175,6 +177,53 @@ def parse_request(
         stream=bool(req.stream),
         client_wants_usage=bool(req.stream_options and req.stream_options.include_usage),
     )
+
+
+def encode_body(body: dict[str, Any]) -> bytes:
+    """The JSON bytes the router forwards to an engine (UTF-8, non-ASCII kept as is).
+
+    Every string in a body that :func:`parse_request` accepted is valid Unicode, so this never fails
+    on client input.
+    """
+    return json.dumps(body, ensure_ascii=False).encode("utf-8")
+
+
+def _refuse_lone_surrogates(value: Any, path: tuple[str, ...]) -> None:
+    """400 naming the field when a string (or key) holds a lone UTF-16 surrogate escape (``"\\ud800"``).
+
+    JSON allows such escapes, but they are not Unicode characters: the body cannot be re-encoded
+    as UTF-8 for the engine, and an engine's tokenizer refuses them. Refused here so the client gets
+    a 400 with the field's name instead of a 5xx from the router or the engine.
+    """
+    if isinstance(value, str):
+        bad = _first_surrogate(value)
+        if bad is not None:
+            field = ".".join(path) or "body"
+            raise ApiError(
+                400, f"{field}: contains a lone UTF-16 surrogate escape (\\u{ord(value[bad]):04x} at character {bad}), "
+                "which is not a Unicode character; send valid Unicode (pair \\ud800-\\udbff with \\udc00-\\udfff)",
+                param=field, code="invalid_encoding",
+            )
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            if _first_surrogate(k) is not None:
+                field = ".".join(path) or "body"
+                raise ApiError(400, f"{field}: the key {ascii(k)} contains a lone UTF-16 surrogate escape; "
+                               "send valid Unicode", param=field, code="invalid_encoding")
+            _refuse_lone_surrogates(v, (*path, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _refuse_lone_surrogates(v, (*path, str(i)))
+
+
+def _first_surrogate(s: str) -> int | None:
+    if s.isascii():
+        return None
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.start
+    return None
 
 
 def _validation_error(e: ValidationError) -> ApiError:

@@ -42,7 +42,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from orchestrator.raycompat import stream_handle
 from orchestrator.serve.policy import NoHealthyDeploymentError, RouteDecision, choose_route
-from orchestrator.serve.protocol import DEFAULT_MAX_BODY_BYTES, ApiError, ParsedRequest, parse_request
+from orchestrator.serve.protocol import DEFAULT_MAX_BODY_BYTES, ApiError, ParsedRequest, encode_body, parse_request
 from orchestrator.table import RoutingTable, parse
 
 __all__ = ["DEFAULT_BODY_TIMEOUT_S", "ENGINE_TRANSPORTS", "Router", "RouterSpec", "api", "hash_api_key"]
@@ -137,8 +137,39 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
 
 @api.exception_handler(Exception)
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:  # pragma: no cover - last resort
+    if _is_cancellation(exc):
+        # Serve cancelled the request (client gone, or the response already complete): not an error.
+        logger.debug("request cancelled in router for %s %s: %r", request.method, request.url.path, exc)
+        return _error_response(ApiError(499, "the request was cancelled", "client_closed_request"))
     logger.exception("unhandled error in router for %s %s", request.method, request.url.path)
     return _error_response(ApiError(500, "internal error in the router; see the router's Serve logs", "server_error"))
+
+
+def _is_cancellation(exc: BaseException) -> bool:
+    """``asyncio.CancelledError`` or Ray's ``TaskCancelledError`` (what Serve's receive channel raises
+    once Serve cancelled the request)."""
+    from ray.exceptions import TaskCancelledError
+
+    return isinstance(exc, (asyncio.CancelledError, TaskCancelledError))
+
+
+class _RelayResponse(StreamingResponse):
+    """A streaming response whose disconnect listener takes Serve's cancellation of the request's
+    receive channel as the disconnect it is.
+
+    Starlette listens for ``http.disconnect`` beside the stream and cancels the listener when the
+    stream ends; under Serve that ``receive()`` is a call to the proxy that Serve cancels when the
+    request finishes, and it raises ``TaskCancelledError`` instead of returning, which escaped as an
+    unhandled router error after every stream it raced with.
+    """
+
+    async def listen_for_disconnect(self, receive: Any) -> None:
+        try:
+            await super().listen_for_disconnect(receive)
+        except Exception as e:
+            if not _is_cancellation(e):
+                raise
+            logger.debug("request receive channel cancelled by Serve (stream done or client gone): %r", e)
 
 
 class Router:
@@ -280,7 +311,7 @@ class Router:
             # the client did not ask for it.
             options = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
             body["stream_options"] = {**options, "include_usage": True}
-        payload = json.dumps(body, ensure_ascii=False).encode("utf-8")
+        payload = encode_body(body)
         path = _PATHS[parsed.kind]
         failed: set[str] = set()
         last_error = "no engine deployment was tried"
@@ -330,7 +361,7 @@ class Router:
         first = head.get("first") or b""
         if parsed.stream and status == 200:
             relay = self._relay(gen, first, d, tags, started, inject_usage)
-            return StreamingResponse(relay, status_code=200, media_type="text/event-stream", headers=headers)
+            return _RelayResponse(relay, status_code=200, media_type="text/event-stream", headers=headers)
         # Not streamed (or an engine 4xx): the body is one JSON document, sent when complete.
         chunks: list[bytes] = [first]
         try:
