@@ -652,7 +652,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result["simulated"] = a.sim
     # Which host: the same configs measured 1.5x apart on two x2 machines (runs 2 and 4, both pinned
     # to 16 cores); a small model's engine is CPU-bound, so the host CPU is the first thing to compare.
-    from tuning.trial import measured_on
+    from orchestrator.hostinfo import measured_on
 
     result["host"] = {**measured_on(), "cpu_count": os.cpu_count()}
     result["elapsed_s"] = round(time.monotonic() - T0, 1)

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.gpu.engines import measured_engine
     from orchestrator.engine import EngineProcess
     from tuning.bench import benchmark
-    from tuning.trial import measured_on
+    from orchestrator.hostinfo import measured_on
     from tuning.workload import Workload, load_tokenizer
 
     t0 = time.monotonic()

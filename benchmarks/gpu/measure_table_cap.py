@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     from orchestrator.engine import EngineProcess
     from tuning.bench import benchmark
     from tuning.buckets import make_buckets
-    from tuning.trial import measured_on
+    from orchestrator.hostinfo import measured_on
     from tuning.workload import load_tokenizer
 
     t0 = time.monotonic()

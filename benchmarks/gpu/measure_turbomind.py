@@ -1,0 +1,240 @@
+"""TurboMind (MTP off) against LMDeploy's PyTorch engine with MTP off and with MTP, side by side on
+one checkpoint: output throughput at one concurrency and output length, at temperature 0 and 0.8.
+
+Why: TurboMind has no speculative decoding, so for each bucket, load and sampling class the choice is
+a faster plain engine or a slower engine that drafts. This is the first measurement of that choice
+(issue #19 item 3), on the project's small test checkpoint.
+
+How: one engine on the GPU at a time. Each engine is started, sent one unmeasured full-length wave
+(warm-up: kernels, CUDA graphs, allocator), then one measured wave per temperature (the same requests
+for every engine: same seed, fixed lengths). Two rounds, the second in reverse order (ABC, CBA), so
+a drift of the machine touches every engine alike; the engine at the turn stays up across it. Every
+figure is kept per round, with its mean and spread ((max - min) / mean).
+
+    python benchmarks/gpu/measure_turbomind.py --ckpt /root/ckpt --out $OUT [--deadline-s 480]
+    python benchmarks/gpu/measure_turbomind.py --sim --out /tmp/tm      # dry run, simulated engines
+    python benchmarks/gpu/measure_turbomind.py --render results.json     # the markdown report
+
+``--out``/``turbomind_results.json`` is rewritten after every wave (a timeout keeps what was
+measured). With ``--sim`` the engines are the simulator's (no TurboMind backend there yet: its
+"turbomind" is the simulated PyTorch engine without MTP), labelled SIMULATED: a dry run of the
+script, never a figure.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+__all__ = ["engine_configs", "render_markdown", "summarize"]
+
+ENGINES = ("turbomind", "pytorch-mtp-off", "pytorch-mtp3")
+
+
+def log(msg: str) -> None:
+    print(f"[tm {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def engine_configs(ckpt: str, *, sim: bool, memory_fraction: float, max_batch_size: int,
+                   draft_tokens: int = 3) -> dict[str, Any]:
+    """name -> EngineConfig of the three engines compared (``sim``: the simulator's stand-ins)."""
+    from benchmarks.gpu.engines import measured_engine
+
+    def pt(n: int):
+        return measured_engine(ckpt, sim=sim, draft_tokens=n, memory_fraction=memory_fraction,
+                               max_batch_size=max_batch_size)
+
+    off = pt(0)
+    tm = off if sim else off.replace(backend="turbomind")
+    return {"turbomind": tm, "pytorch-mtp-off": off, f"pytorch-mtp{draft_tokens}": pt(draft_tokens)}
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per (engine, temperature): throughputs per round, mean, spread; and each engine's mean over the
+    PyTorch engine without MTP at the same temperature, with the range the per-round extremes allow."""
+    groups: dict[tuple[str, float], list[float]] = {}
+    for r in rows:
+        if r.get("output_throughput") and not r.get("failed"):
+            groups.setdefault((r["engine"], r["temperature"]), []).append(r["output_throughput"])
+    out: dict[str, Any] = {}
+    for (engine, temp), vals in sorted(groups.items()):
+        mean = statistics.fmean(vals)
+        accept = [r["accept_length"] for r in rows
+                  if r["engine"] == engine and r["temperature"] == temp and r.get("accept_length")]
+        out[f"{engine}@T{temp:g}"] = {
+            "engine": engine, "temperature": temp, "rounds": len(vals),
+            "output_throughput": [round(v, 1) for v in vals], "mean": round(mean, 1),
+            "min": round(min(vals), 1), "max": round(max(vals), 1),
+            "spread": round((max(vals) - min(vals)) / mean, 4),
+            "accept_length": [round(a, 3) for a in accept] or None,
+        }
+    for key, s in out.items():
+        base = out.get(f"pytorch-mtp-off@T{s['temperature']:g}")
+        if base and s["engine"] != "pytorch-mtp-off":
+            s["vs_pytorch_mtp_off"] = {"ratio_of_means": round(s["mean"] / base["mean"], 3),
+                                       "low": round(s["min"] / base["max"], 3),
+                                       "high": round(s["max"] / base["min"], 3)}
+    return out
+
+
+def render_markdown(res: dict[str, Any]) -> str:
+    sim = res.get("simulated")
+    w = res["workload"]
+    lines = [f"# TurboMind vs PyTorch engine (MTP off, MTP-{res['draft_tokens']}) {'— SIMULATED' if sim else ''}".rstrip(),
+             "",
+             f"Command: `{res['command']}`  ",
+             f"Versions: {json.dumps(res.get('versions', {}))}  ",
+             f"Host: {json.dumps(res.get('host', {}))}  ",
+             f"Checkpoint: `{res['ckpt']}`; workload: {w['num_prompts']} requests at concurrency {w['concurrency']}, "
+             f"input {w['input_len']} / output {w['output_len']} tokens (fixed, ignore_eos), one measured wave per "
+             f"temperature per round, after one unmeasured full-length wave per engine start; "
+             f"{res['rounds']} rounds, order per round: {' | '.join(', '.join(o) for o in res['order'])}.",
+             "", "| engine | T | output tok/s per round | mean | spread | vs PyTorch MTP off (mean; range) | accept length |",
+             "|---|---|---|---|---|---|---|"]
+    for s in res["summary"].values():
+        v = s.get("vs_pytorch_mtp_off")
+        vs = f"{v['ratio_of_means']:.2f}x ({v['low']:.2f}–{v['high']:.2f})" if v else "—"
+        acc = ", ".join(f"{a:.2f}" for a in s["accept_length"]) if s.get("accept_length") else "—"
+        lines.append(f"| {s['engine']} | {s['temperature']:g} | {', '.join(f'{x:,.0f}' for x in s['output_throughput'])} "
+                     f"| {s['mean']:,.0f} | {s['spread']:.1%} | {vs} | {acc} |")
+    lines += ["", "Engine starts (s to ready): " + ", ".join(f"{e['engine']} {e['ready_s']}" for e in res["starts"]),
+              ""]
+    lines += [f"- {n}" for n in res.get("notes", [])]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="measure_turbomind.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--ckpt", default="/root/ckpt", help="checkpoint (LMDeploy); ignored with --sim")
+    p.add_argument("--sim", action="store_true", help="simulated engines (a dry run of this script; no GPU figure)")
+    p.add_argument("--out", type=Path, help="folder for turbomind_results.json and engine logs")
+    p.add_argument("--render", type=Path, help="print the markdown report of a results JSON and exit")
+    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--num-prompts", type=int, default=64, help="requests per measured wave")
+    p.add_argument("--input-len", type=int, default=512)
+    p.add_argument("--output-len", type=int, default=512)
+    p.add_argument("--temperatures", default="0,0.8")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--draft-tokens", type=int, default=3)
+    p.add_argument("--memory-fraction", type=float, default=0.1)
+    p.add_argument("--deadline-s", type=float, default=480, help="no engine starts after this (from the start)")
+    a = p.parse_args(argv)
+    if a.render:
+        print(render_markdown(json.loads(a.render.read_text())))
+        return 0
+    if a.out is None:
+        p.error("--out is required (or --render)")
+
+    from orchestrator.engine import EngineProcess
+    from orchestrator.hostinfo import measured_on
+    from tuning.bench import benchmark
+    from tuning.workload import Workload, load_tokenizer
+
+    t0 = time.monotonic()
+    a.out.mkdir(parents=True, exist_ok=True)
+    configs = engine_configs(a.ckpt, sim=a.sim, memory_fraction=a.memory_fraction, max_batch_size=a.concurrency,
+                             draft_tokens=a.draft_tokens)
+    names = list(configs)
+    order = [names if r % 2 == 0 else names[::-1] for r in range(a.rounds)]
+    temps = [float(t) for t in a.temperatures.split(",")]
+    tokenizer = load_tokenizer(None if a.sim else a.ckpt)
+    res: dict[str, Any] = {
+        "command": " ".join(["python", "benchmarks/gpu/measure_turbomind.py", *(argv if argv is not None else sys.argv[1:])]),
+        "simulated": a.sim, "ckpt": a.ckpt, "draft_tokens": a.draft_tokens, "rounds": a.rounds, "order": order,
+        "workload": {"concurrency": a.concurrency, "num_prompts": a.num_prompts, "input_len": a.input_len,
+                     "output_len": a.output_len, "temperatures": temps},
+        "engines": {n: c.to_dict() for n, c in configs.items()}, "host": measured_on(),
+        "versions": _versions(), "starts": [], "rows": [], "summary": {}, "notes": [],
+    }
+    if a.sim:
+        res["notes"].append("SIMULATED: the simulator has no TurboMind backend; its 'turbomind' row is the simulated "
+                            "PyTorch engine without MTP. A dry run of the script, not a measurement.")
+    out_json = a.out / "turbomind_results.json"
+
+    def save() -> None:
+        res["summary"] = summarize(res["rows"])
+        res["elapsed_s"] = round(time.monotonic() - t0, 1)
+        out_json.write_text(json.dumps(res, indent=1))
+
+    def workload(temp: float, n: int, warmup: bool = False) -> Workload:
+        return Workload(dataset="random", input_len=a.input_len, output_len=a.output_len, range_ratio=1.0,
+                        num_prompts=n, max_concurrency=a.concurrency, temperature=temp, seed=0, ignore_eos=True,
+                        name="warmup" if warmup else f"T{temp:g}")
+
+    running: tuple[str, Any] | None = None
+    try:
+        for rnd, names_in_order in enumerate(order):
+            for name in names_in_order:
+                if running is None or running[0] != name:
+                    if running is not None:
+                        running[1].stop()
+                        running = None
+                    if time.monotonic() - t0 > a.deadline_s:
+                        res["notes"].append(f"deadline: round {rnd} {name} not run")
+                        log(res["notes"][-1])
+                        continue
+                    ts = time.monotonic()
+                    eng = EngineProcess(configs[name], log_dir=a.out / "engine-logs", ready_timeout_s=600,
+                                        sim_time_scale=50.0 if a.sim else None)
+                    eng.start()
+                    running = (name, eng)
+                    eng.wait_until_ready()
+                    res["starts"].append({"engine": name, "round": rnd, "ready_s": round(time.monotonic() - ts, 1)})
+                    log(f"{name} ready in {res['starts'][-1]['ready_s']} s: {' '.join(eng.argv)}")
+                    benchmark(eng.base_url, workload(0.0, a.concurrency, warmup=True), tokenizer=tokenizer,
+                              request_timeout_s=600)
+                eng = running[1]
+                for temp in temps:
+                    r = benchmark(eng.base_url, workload(temp, a.num_prompts), tokenizer=tokenizer,
+                                  engine_config=configs[name], request_timeout_s=600).to_dict()
+                    row = {"round": rnd, "engine": name, "temperature": temp,
+                           "output_throughput": r.get("output_throughput"), "duration_s": r.get("duration_s"),
+                           "completed": r.get("completed"), "failed": r.get("failed"),
+                           "accept_length": r.get("accept_length"),
+                           "ttft_ms_median": (r.get("ttft_ms") or {}).get("median"),
+                           "tpot_ms_median": (r.get("tpot_ms") or {}).get("median"),
+                           "at_s": round(time.monotonic() - t0, 1)}
+                    res["rows"].append(row)
+                    log(f"round {rnd} {name} T={temp:g}: {row['output_throughput']:,.0f} tok/s "
+                        f"in {row['duration_s']:.1f} s, accept {row['accept_length']}")
+                    save()
+    finally:
+        if running is not None:
+            running[1].stop()
+        save()
+    (a.out / "turbomind_results.md").write_text(render_markdown(res))
+    for key, s in res["summary"].items():
+        log(f"{key}: {s['output_throughput']} mean {s['mean']:,.0f} spread {s['spread']:.1%} "
+            f"{s.get('vs_pytorch_mtp_off', '')}")
+    return 0
+
+
+def _versions() -> dict[str, str]:
+    import importlib.metadata
+    import platform
+    import subprocess
+
+    out = {"python": platform.python_version()}
+    for dist in ("lmdeploy", "torch", "transformers", "triton", "flash_attn_3", "nvidia-cuda-runtime-cu12"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = "absent"
+    try:
+        out["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                                    capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        out["gpu"] = "none"
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

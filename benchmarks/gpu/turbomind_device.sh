@@ -1,0 +1,65 @@
+#!/bin/bash
+# On the lent H200 (CUDA 13), from the repository root, one step per device call, back to back (the
+# machine stays warm 30 s between calls). Parts: `bash benchmarks/gpu/stage_turbomind.sh` here first.
+#   carry [".stage/t1"]: OUT=$OUT bash benchmarks/gpu/turbomind_device.sh t1
+#       installs part 1 (LMDeploy 0.18 WITH TurboMind's binary, the CUDA 12 runtime, the cuBLAS shim,
+#       fla), puts the libraries where the binary looks first, checks that it loads (the project's
+#       preflight), and starts training the test checkpoint /root/ckpt in the background (~4 min)
+#   carry [".stage/t2"]: OUT=$OUT bash benchmarks/gpu/turbomind_device.sh t2
+#       installs part 2, runs tests/test_gpu_turbomind.py on an oracle checkpoint (pays LMDeploy's cold
+#       compile meanwhile training runs), waits for the trained weights, runs the tests again on them
+#   then:                OUT=$OUT bash benchmarks/gpu/turbomind_device.sh measure [DEADLINE_S]
+#       benchmarks/gpu/measure_turbomind.py on /root/ckpt (TurboMind vs PyTorch MTP off vs MTP-3)
+set -u
+STEP=${1:?t1, t2 or measure}
+OUT=${OUT:?set OUT}
+source benchmarks/gpu/device_env.sh
+mkdir -p /root/tm "$OUT"
+[ -f /root/tm/env.sh ] && source /root/tm/env.sh
+
+case $STEP in
+  t1)
+    bash .stage/t1/install_part.sh
+    TMLIB=/root/site/lmdeploy/turbomind/lib
+    cp .stage/t1/turbomind-lib/* "$TMLIB/" && ls -la "$TMLIB"
+    # The preflight's check, as an engine start runs it: loads _turbomind in a child python3.
+    if python3 -c "from orchestrator.preflight import check_turbomind as c; print('TurboMind loads:', c())"; then
+      echo "# TurboMind loads without LD_LIBRARY_PATH" > /root/tm/env.sh
+    else
+      # Fall back to the recipe's LD_LIBRARY_PATH (torch's CUDA 13 and NCCL libraries by folder).
+      TL=$(python3 -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
+      echo "export LD_LIBRARY_PATH=$TL/nvidia/cu13/lib:$TL/nvidia/nccl/lib:\${LD_LIBRARY_PATH:-}" > /root/tm/env.sh
+      source /root/tm/env.sh
+      python3 -c "from orchestrator.preflight import check_turbomind as c; print('TurboMind loads with LD_LIBRARY_PATH:', c())"
+    fi
+    cat /root/tm/env.sh | tee "$OUT/tm_env.sh"
+    nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
+    # Training: a new session, so it outlives this call (the machine runs it until it goes back).
+    setsid nohup python3 -m tuning.checkpoint.train /root/ckpt --minutes "${TRAIN_MINUTES:-3}" \
+      > /root/tm/train.log 2>&1 < /dev/null &
+    sleep 15; tail -n 3 /root/tm/train.log
+    ;;
+  t2)
+    bash .stage/t2/install_part.sh
+    python3 -c "import lmdeploy, flash_attn_interface, fla; print('lmdeploy', lmdeploy.__version__)" || exit 1
+    python3 benchmarks/gpu/measure_mtp.py --versions > "$OUT/versions.json" 2>&1
+    set -o pipefail
+    timeout 330 python3 -m pytest tests/test_gpu_turbomind.py -v -s -p no:cacheprovider -o cache_dir=/tmp/pc \
+      2>&1 | tee "$OUT/gpu_tests_oracle.log" | grep -E "PASSED|FAILED|ERROR|ready in|passed|failed|prompt "
+    echo "pytest (oracle) exit $?"
+    for _ in $(seq 1 60); do grep -q "saved /root/ckpt/model.safetensors" /root/tm/train.log && break; sleep 5; done
+    grep -E "saved|expected accept|exit|Error" /root/tm/train.log | tail -4
+    cp /root/tm/train.log "$OUT/train.log"
+    MTP_TEST_CHECKPOINT=/root/ckpt timeout 200 python3 -m pytest tests/test_gpu_turbomind.py -v -s -p no:cacheprovider \
+      -o cache_dir=/tmp/pc 2>&1 | tee "$OUT/gpu_tests_trained.log" | grep -E "PASSED|FAILED|ERROR|ready in|passed|failed|prompt "
+    echo "pytest (trained) exit $?"
+    cp /root/ckpt/train_report.json /root/ckpt/mtp_expected.json "$OUT/" 2>/dev/null
+    ;;
+  measure)
+    cp /root/ckpt/train_report.json /root/ckpt/mtp_expected.json "$OUT/" 2>/dev/null
+    python3 benchmarks/gpu/measure_turbomind.py --ckpt /root/ckpt --out "$OUT/measure" --deadline-s "${2:-420}" \
+      2>&1 | tee "$OUT/measure.log" | grep -vE "^\s*$"
+    tar czf "$OUT/engine-logs.tgz" -C "$OUT/measure" engine-logs && rm -rf "$OUT/measure/engine-logs"
+    ;;
+  *) echo "unknown step $STEP"; exit 2 ;;
+esac

@@ -1,0 +1,205 @@
+"""LMDeploy 0.18's TurboMind engine on a real GPU through :class:`orchestrator.engine.EngineProcess`:
+it starts with ``--backend turbomind`` (and really is TurboMind: LMDeploy falls back to the PyTorch
+engine only when the backend is left to it), its greedy output equals the PyTorch engine's on the same
+checkpoint, it reports no speculative-decoding counters, kill -9 is detected and stop frees its GPU
+memory.
+
+Skipped without a CUDA GPU, torch and LMDeploy (``tests/conftest.py``). On a CUDA 13 node TurboMind's
+binary needs the CUDA 12 runtime and the cuBLAS pass-through first (docs/turbomind.md); the engine's
+preflight says what is missing. The checkpoint is ``$MTP_TEST_CHECKPOINT`` when set (the trained one
+from ``python -m tuning.checkpoint.train``: every layer matters), otherwise an oracle checkpoint of the
+default shape built here (its token-mixing layers output zero, so it checks embedding, norms and head
+but not attention). Both engines run with ``--language-model-only`` and a small KV share.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow, pytest.mark.timeout(1500)]
+
+PROMPT_COUNT = 8
+MAX_TOKENS = 128
+
+
+def _nvidia_apps() -> dict[int, float]:
+    """pid -> MiB of GPU memory for every compute process nvidia-smi lists."""
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, timeout=30, check=True).stdout
+    apps: dict[int, float] = {}
+    for line in out.strip().splitlines():
+        pid, mib = (x.strip() for x in line.split(","))
+        if pid.isdigit():
+            apps[int(pid)] = apps.get(int(pid), 0.0) + float(mib)
+    return apps
+
+
+def _gpu_pids_of_group(pgid: int) -> dict[int, float]:
+    mine = {}
+    for pid, mib in _nvidia_apps().items():
+        try:
+            if os.getpgid(pid) == pgid:
+                mine[pid] = mib
+        except ProcessLookupError:
+            continue
+    return mine
+
+
+def _get(base_url: str, path: str) -> str:
+    with urllib.request.urlopen(f"{base_url}{path}", timeout=10) as r:
+        return r.read().decode()
+
+
+def _model(base_url: str) -> str:
+    return json.loads(_get(base_url, "/v1/models"))["data"][0]["id"]
+
+
+def _complete(base_url: str, prompt: str, max_tokens: int) -> str:
+    body = json.dumps({"model": _model(base_url), "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                       "ignore_eos": True}).encode()
+    req = urllib.request.Request(f"{base_url}/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        return json.loads(r.read())["choices"][0]["text"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bool]:
+    """(checkpoint dir, is_oracle)."""
+    given = os.environ.get("MTP_TEST_CHECKPOINT")
+    if given:
+        return Path(given), False
+    from tuning.checkpoint.build import ModelShape, build_checkpoint
+
+    out = tmp_path_factory.mktemp("oracle_ckpt")
+    build_checkpoint(out, ModelShape(), oracle=True, tokenizer_bytes=2 << 20)
+    return out, True
+
+
+@pytest.fixture(scope="module")
+def prompts(checkpoint: tuple[Path, bool]) -> list[str]:
+    from tokenizers import Tokenizer
+
+    from tuning.checkpoint.build import collect_source_files, read_texts
+
+    tok = Tokenizer.from_file(str(checkpoint[0] / "tokenizer.json"))
+    texts = read_texts(collect_source_files(max_bytes=2 << 20, split="eval"))
+    out = []
+    for t in texts:
+        ids = tok.encode(t, add_special_tokens=False).ids
+        if len(ids) >= 200:
+            out.append(tok.decode(ids[:200]))
+        if len(out) == PROMPT_COUNT:
+            break
+    return out
+
+
+@pytest.fixture(scope="module")
+def engines(checkpoint: tuple[Path, bool], tmp_path_factory: pytest.TempPathFactory):
+    """{"turbomind": EngineProcess, "pytorch": EngineProcess (MTP off)}, started one after the other."""
+    from orchestrator.config import EngineConfig
+    from orchestrator.engine import EngineProcess
+
+    log_dir = tmp_path_factory.mktemp("engine_logs")
+    base = EngineConfig(backend="turbomind", model=str(checkpoint[0]), memory_fraction=0.1, max_batch_size=16,
+                        session_len=4096, extra_flags=("--language-model-only",))
+    procs = {"turbomind": EngineProcess(base, log_dir=log_dir, ready_timeout_s=900),
+             "pytorch": EngineProcess(base.replace(backend="pytorch"), log_dir=log_dir, ready_timeout_s=900)}
+    try:
+        for name, proc in procs.items():
+            t0 = time.monotonic()
+            proc.start()
+            proc.wait_until_ready()
+            print(f"engine {name} ready in {time.monotonic() - t0:.0f} s: {' '.join(proc.argv)}")
+        yield procs
+    finally:
+        for proc in procs.values():
+            proc.stop()
+
+
+def _mapped_files(pgid: int) -> set[str]:
+    """Files mapped into the memory of any live process of group ``pgid`` (its loaded libraries)."""
+    files: set[str] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry.name)) != pgid:
+                continue
+            maps = (entry / "maps").read_text()
+        except (OSError, ProcessLookupError):
+            continue
+        files |= {line.split()[-1] for line in maps.splitlines() if line.count(" ") >= 5 and "/" in line}
+    return files
+
+
+def test_turbomind_engine_is_what_serves(engines) -> None:
+    """``--backend turbomind`` is on the command line and the serving process has TurboMind's binary
+    (and the CUDA 12 runtime it links) loaded; the PyTorch engine's server has not."""
+    eng = engines["turbomind"]
+    argv = eng.argv
+    assert argv[argv.index("--backend") + 1] == "turbomind"
+    eng.check_health()
+    names = {Path(f).name for f in _mapped_files(eng.pid)}
+    assert any(n.startswith("_turbomind") for n in names), sorted(n for n in names if "lmdeploy" in n or "cu" in n)
+    assert "libcudart.so.12" in names
+    pytorch_names = {Path(f).name for f in _mapped_files(engines["pytorch"].pid)}
+    assert not any(n.startswith("_turbomind") for n in pytorch_names)
+
+
+def test_greedy_output_equals_pytorch_engine(engines, prompts, checkpoint) -> None:
+    tm = [_complete(engines["turbomind"].base_url, p, MAX_TOKENS) for p in prompts]
+    pt = [_complete(engines["pytorch"].base_url, p, MAX_TOKENS) for p in prompts]
+    for i, (a, b) in enumerate(zip(tm, pt)):
+        first = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        print(f"prompt {i}: {'identical' if a == b else f'differs from character {first}'} "
+              f"({len(a)} / {len(b)} characters)")
+    different = [i for i, (a, b) in enumerate(zip(tm, pt)) if a != b]
+    assert not different, (
+        f"{len(different)}/{len(prompts)} greedy outputs differ on {checkpoint[0]}, first: "
+        f"turbomind {tm[different[0]]!r} vs pytorch {pt[different[0]]!r}"
+    )
+    assert all(tm), "empty outputs"
+
+
+def test_no_spec_counters_from_turbomind(engines, prompts) -> None:
+    """TurboMind has no speculative decoding: its /metrics carries no draft counters (before or after)."""
+    from tuning.bench import parse_spec_counters
+
+    _complete(engines["turbomind"].base_url, prompts[0], 16)
+    counters = parse_spec_counters(_get(engines["turbomind"].base_url, "/metrics"))
+    assert not counters.get("num_draft_tokens"), counters
+
+
+def test_kill_9_detected_and_gpu_memory_freed(engines) -> None:
+    """kill -9 of the TurboMind server: check_health reports it dead; stop() then leaves no process of
+    either engine holding GPU memory."""
+    from orchestrator.errors import EngineDiedError
+
+    held = {name: _gpu_pids_of_group(proc.pid) for name, proc in engines.items()}
+    for name, pids in held.items():
+        assert pids and sum(pids.values()) > 1024, f"engine {name} holds no GPU memory per nvidia-smi: {pids}"
+    victim = engines["turbomind"]
+    victim.check_health()
+    os.kill(victim.pid, signal.SIGKILL)
+    time.sleep(1.0)
+    with pytest.raises(EngineDiedError):
+        victim.check_health()
+    assert victim.returncode == -signal.SIGKILL
+    for proc in engines.values():
+        proc.stop()
+    deadline = time.monotonic() + 30
+    still: dict[int, float] = {}
+    while time.monotonic() < deadline:
+        apps = _nvidia_apps()
+        still = {pid: apps[pid] for pids in held.values() for pid in pids if pid in apps}
+        if not still:
+            break
+        time.sleep(1)
+    assert not still, f"GPU memory still held after stop by {still}"
