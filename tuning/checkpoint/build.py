@@ -1,6 +1,7 @@
-"""Write a small Qwen3.5 checkpoint with one MTP layer, in the layout LMDeploy 0.18 loads.
+"""Write a Qwen3.5 checkpoint (dense or MoE) with one MTP layer, in the layout LMDeploy 0.18 loads.
 
     python -m tuning.checkpoint.build OUT_DIR [--hidden 768 --layers 8 ...] [--oracle]
+    python -m tuning.checkpoint.build OUT_DIR --preset qwen3.5-moe-35b-a3b-12l --agreement 0.7 --sharpness 30 --device cuda
 
 What LMDeploy 0.18 needs (read from its ``pytorch/models/qwen3_5.py``, ``qwen3_5_mtp.py`` and
 ``pytorch/configurations/qwen3_5.py``), and therefore what this module writes:
@@ -23,7 +24,18 @@ What LMDeploy 0.18 needs (read from its ``pytorch/models/qwen3_5.py``, ``qwen3_5
 
 ``--oracle`` writes a constructed checkpoint whose MTP head always agrees with the target (every
 token-mixing output projection is zero and ``mtp.fc = [I | 0]``): acceptance 100 %, the upper bound.
+``--agreement A [--sharpness S]`` writes a constructed checkpoint whose acceptance is set instead
+(:mod:`tuning.checkpoint.acceptance`): the MTP head agrees with the target on a share ``A`` of draft
+positions, the target's sharpness sets how acceptance falls with temperature, and the build writes
+``acceptance.json`` with the accept length it predicts per draft-token count and temperature.
 The default writes an initialisation for :mod:`tuning.checkpoint.train`.
+
+MoE shapes (``num_experts > 0``, e.g. ``--preset qwen3.5-moe-35b-a3b-12l``: Qwen3.5-35B-A3B's per-layer
+shapes with 12 layers, 23 GB in bf16) are written as ``Qwen3_5MoeForConditionalGeneration``:
+``text_config.model_type = qwen3_5_moe_text`` without ``intermediate_size``, fused experts
+``mlp.experts.gate_up_proj`` [E, 2I, H] and ``mlp.experts.down_proj`` [E, H, I], router ``mlp.gate``,
+``mlp.shared_expert.*`` and ``mlp.shared_expert_gate``; the MTP layer uses the same names under
+``mtp.layers.0``. Draw large shapes on a GPU (``--device cuda``).
 
 Needs torch, safetensors and tokenizers only, so the layout can be checked on a CPU machine.
 """
@@ -42,10 +54,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tuning.checkpoint.acceptance import AcceptanceSpec, controlled_head, predict_from_weights
+from tuning.checkpoint.errors import CheckpointError
+
 __all__ = [
     "CHAT_TEMPLATE",
     "CheckpointError",
     "ModelShape",
+    "PRESETS",
     "SPECIAL_TOKENS",
     "TokenizerInfo",
     "build_checkpoint",
@@ -54,6 +70,7 @@ __all__ = [
     "make_config",
     "make_weights",
     "mrope_section",
+    "predicted_accept_length",
     "train_tokenizer",
     "write_checkpoint_files",
 ]
@@ -76,10 +93,6 @@ WEIGHTS_FILE = "model.safetensors"
 EVAL_FILE_MODULUS = 40
 """One source file in this many (by a CRC of its relative path) is held out of tokenizer and model
 training; the acceptance prompts come from those files."""
-
-
-class CheckpointError(ValueError):
-    """A checkpoint shape or input is invalid; the message names the field and what is allowed."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +121,15 @@ class ModelShape:
     partial_rotary_factor: float = 0.25
     max_position_embeddings: int = 32768
     rms_norm_eps: float = 1e-6
+    num_experts: int = 0
+    """0: a dense MLP of ``intermediate_size``; otherwise a MoE of this many routed experts."""
+    num_experts_per_tok: int = 8
+    moe_intermediate_size: int = 512
+    shared_expert_intermediate_size: int = 512
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     def __post_init__(self) -> None:
         def positive(name: str, lo: int = 1, hi: int = 1 << 20) -> None:
@@ -119,6 +141,11 @@ class ModelShape:
                      "linear_num_key_heads", "linear_num_value_heads", "full_attention_interval"):
             positive(name)
         positive("vocab_size", 512, 1 << 18)
+        if self.num_experts:
+            positive("num_experts", 1, 1024)
+            positive("num_experts_per_tok", 1, self.num_experts)
+            positive("moe_intermediate_size")
+            positive("shared_expert_intermediate_size")
         positive("linear_conv_kernel", 2, 8)
         positive("mtp_layers", 1, 4)
         if self.head_dim not in (64, 128, 256):
@@ -149,8 +176,13 @@ class ModelShape:
     def from_text_config(cls, text: dict[str, Any]) -> ModelShape:
         """The shape of an existing checkpoint (inverse of :func:`make_config`)."""
         rope = text.get("rope_parameters") or {}
-        return cls(hidden_size=text["hidden_size"], num_layers=text["num_hidden_layers"],
-                   vocab_size=text["vocab_size"], intermediate_size=text["intermediate_size"],
+        moe = {}
+        if text.get("num_experts"):
+            moe = dict(num_experts=text["num_experts"], num_experts_per_tok=text["num_experts_per_tok"],
+                       moe_intermediate_size=text["moe_intermediate_size"],
+                       shared_expert_intermediate_size=text["shared_expert_intermediate_size"])
+        return cls(**moe, hidden_size=text["hidden_size"], num_layers=text["num_hidden_layers"],
+                   vocab_size=text["vocab_size"], intermediate_size=text.get("intermediate_size", 2048),
                    num_heads=text["num_attention_heads"], num_kv_heads=text["num_key_value_heads"],
                    head_dim=text["head_dim"], linear_num_key_heads=text["linear_num_key_heads"],
                    linear_num_value_heads=text["linear_num_value_heads"],
@@ -161,6 +193,22 @@ class ModelShape:
                    partial_rotary_factor=float(rope.get("partial_rotary_factor", 0.25)),
                    max_position_embeddings=text.get("max_position_embeddings", 32768),
                    rms_norm_eps=text.get("rms_norm_eps", 1e-6))
+
+
+PRESETS: dict[str, ModelShape] = {
+    # Qwen3.5-35B-A3B's per-layer shapes, 12 layers (9 gated delta-net, 3 gated full attention): what a
+    # 397B-A17B-class MoE spends per token on expert coverage and verification, on one GPU.
+    "qwen3.5-moe-35b-a3b-12l": ModelShape(
+        hidden_size=2048, num_layers=12, vocab_size=151_936, num_heads=16, num_kv_heads=2, head_dim=256,
+        linear_num_key_heads=16, linear_num_value_heads=32, linear_head_dim=128, num_experts=256,
+        num_experts_per_tok=8, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+    ),
+}
+"""Named shapes for ``--preset``."""
+
+TOKENIZER_VOCAB_CAP = 32_768
+"""The BPE is trained to at most this many tokens; a larger model vocabulary is padding the tokenizer
+never produces (and a controlled checkpoint never generates)."""
 
 
 @dataclass(frozen=True)
@@ -287,10 +335,19 @@ def mrope_section(head_dim: int, partial_rotary_factor: float) -> list[int]:
 
 
 def make_config(shape: ModelShape, vocab_size: int, special_ids: dict[str, int]) -> dict[str, Any]:
-    """``config.json`` content for ``Qwen3_5ForConditionalGeneration`` (text + tiny vision tower)."""
+    """``config.json`` content for ``Qwen3_5ForConditionalGeneration`` or, for a MoE shape,
+    ``Qwen3_5MoeForConditionalGeneration`` (text + tiny vision tower)."""
+    if shape.is_moe:
+        mlp: dict[str, Any] = dict(num_experts=shape.num_experts, num_experts_per_tok=shape.num_experts_per_tok,
+                                   moe_intermediate_size=shape.moe_intermediate_size,
+                                   shared_expert_intermediate_size=shape.shared_expert_intermediate_size,
+                                   router_aux_loss_coef=0.001, output_router_logits=False)
+    else:
+        mlp = dict(intermediate_size=shape.intermediate_size)
+    prefix = "qwen3_5_moe" if shape.is_moe else "qwen3_5"
     text = dict(
-        model_type="qwen3_5_text", vocab_size=vocab_size, hidden_size=shape.hidden_size,
-        intermediate_size=shape.intermediate_size, num_hidden_layers=shape.num_layers,
+        model_type=f"{prefix}_text", vocab_size=vocab_size, hidden_size=shape.hidden_size,
+        **mlp, num_hidden_layers=shape.num_layers,
         full_attention_interval=shape.full_attention_interval, layer_types=shape.layer_types(),
         num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_kv_heads, head_dim=shape.head_dim,
         attn_output_gate=True, attention_bias=False, attention_dropout=0.0,
@@ -307,11 +364,12 @@ def make_config(shape: ModelShape, vocab_size: int, special_ids: dict[str, int])
         tie_word_embeddings=False, use_cache=True, dtype="bfloat16",
         bos_token_id=None, eos_token_id=special_ids["<|im_end|>"], pad_token_id=special_ids["<|endoftext|>"],
     )
-    vision = dict(model_type="qwen3_5", depth=1, hidden_size=64, hidden_act="gelu_pytorch_tanh",
+    vision = dict(model_type=prefix, depth=1, hidden_size=64, hidden_act="gelu_pytorch_tanh",
                   intermediate_size=128, num_heads=2, in_channels=3, patch_size=16, spatial_merge_size=2,
                   temporal_patch_size=2, out_hidden_size=shape.hidden_size, num_position_embeddings=64,
                   deepstack_visual_indexes=[], initializer_range=0.02)
-    return dict(architectures=["Qwen3_5ForConditionalGeneration"], model_type="qwen3_5",
+    arch = "Qwen3_5MoeForConditionalGeneration" if shape.is_moe else "Qwen3_5ForConditionalGeneration"
+    return dict(architectures=[arch], model_type=prefix,
                 text_config=text, vision_config=vision,
                 image_token_id=special_ids["<|image_pad|>"], video_token_id=special_ids["<|video_pad|>"],
                 vision_start_token_id=special_ids["<|vision_start|>"],
@@ -320,21 +378,29 @@ def make_config(shape: ModelShape, vocab_size: int, special_ids: dict[str, int])
 
 
 # ----- weights ------------------------------------------------------------------------------------
-def make_weights(config: dict[str, Any], *, oracle: bool = False, seed: int = 0) -> dict[str, Any]:
+def make_weights(config: dict[str, Any], *, oracle: bool = False, seed: int = 0,
+                 acceptance: AcceptanceSpec | None = None, ordinary_ids: Sequence[int] | None = None,
+                 device: str = "cpu") -> dict[str, Any]:
     """Initial (or oracle) bf16 tensors keyed by checkpoint name.
 
     Initialisation follows transformers' Qwen3.5 (normal(0, 0.02) matrices, zero-centred RMSNorm
     weights, ``dt_bias`` ones, ``A_log`` = log U(1, 16)) with output projections scaled by
     ``1/sqrt(2 * layers)`` so a deeper stack starts stable. In ``oracle`` mode no layer mixes tokens
     (output projections zero), so both the target and the MTP head compute
-    ``lm_head(rmsnorm(embed(token)))`` of the same token and every draft is accepted.
+    ``lm_head(rmsnorm(embed(token)))`` of the same token and every draft is accepted. With
+    ``acceptance`` the output projections are zero too and the embedding, ``lm_head``, final norm and
+    ``mtp.fc`` come from :func:`tuning.checkpoint.acceptance.controlled_head` over ``ordinary_ids``.
+    Tensors are drawn on ``device`` (a GPU for large shapes) and returned there.
     """
     import torch
 
     t = config["text_config"]
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     bf16 = torch.bfloat16
-    H, I, V = t["hidden_size"], t["intermediate_size"], t["vocab_size"]
+    constructed = oracle or acceptance is not None
+    H, V = t["hidden_size"], t["vocab_size"]
+    I = t.get("intermediate_size", 0)  # noqa: E741 (the MLP's usual name)
+    E = t.get("num_experts", 0)
     nh, nkv, hd = t["num_attention_heads"], t["num_key_value_heads"], t["head_dim"]
     nk, nv = t["linear_num_key_heads"], t["linear_num_value_heads"]
     dk, dv, K = t["linear_key_head_dim"], t["linear_value_head_dim"], t["linear_conv_kernel_dim"]
@@ -342,16 +408,16 @@ def make_weights(config: dict[str, Any], *, oracle: bool = False, seed: int = 0)
     out_std = 0.02 / math.sqrt(2 * t["num_hidden_layers"])
 
     def normal(*shape: int, std: float = 0.02) -> torch.Tensor:
-        return (torch.randn(*shape, generator=gen) * std).to(bf16)
+        return (torch.randn(*shape, generator=gen, device=device) * std).to(bf16)
 
     def zeros(*shape: int) -> torch.Tensor:
-        return torch.zeros(*shape, dtype=bf16)
+        return torch.zeros(*shape, dtype=bf16, device=device)
 
     def ones(*shape: int) -> torch.Tensor:
-        return torch.ones(*shape, dtype=bf16)
+        return torch.ones(*shape, dtype=bf16, device=device)
 
     def out_proj(*shape: int) -> torch.Tensor:
-        return zeros(*shape) if oracle else normal(*shape, std=out_std)
+        return zeros(*shape) if constructed else normal(*shape, std=out_std)
 
     def full_attention(p: str) -> dict[str, torch.Tensor]:
         return {
@@ -364,7 +430,7 @@ def make_weights(config: dict[str, Any], *, oracle: bool = False, seed: int = 0)
         }
 
     def linear_attention(p: str) -> dict[str, torch.Tensor]:
-        a = torch.empty(nv).uniform_(1, 16, generator=gen)
+        a = torch.empty(nv, device=device).uniform_(1, 16, generator=gen)
         return {
             f"{p}.linear_attn.in_proj_qkv.weight": normal(conv_dim, H),
             f"{p}.linear_attn.in_proj_z.weight": normal(nv * dv, H),
@@ -378,19 +444,28 @@ def make_weights(config: dict[str, Any], *, oracle: bool = False, seed: int = 0)
         }
 
     def mlp_and_norms(p: str) -> dict[str, torch.Tensor]:
+        norms = {f"{p}.input_layernorm.weight": zeros(H), f"{p}.post_attention_layernorm.weight": zeros(H)}
+        if not E:
+            return {f"{p}.mlp.gate_proj.weight": normal(I, H), f"{p}.mlp.up_proj.weight": normal(I, H),
+                    f"{p}.mlp.down_proj.weight": out_proj(H, I), **norms}
+        mi, si = t["moe_intermediate_size"], t["shared_expert_intermediate_size"]
+        # The router is random in every mode: tokens spread over experts as real traffic does.
         return {
-            f"{p}.mlp.gate_proj.weight": normal(I, H),
-            f"{p}.mlp.up_proj.weight": normal(I, H),
-            f"{p}.mlp.down_proj.weight": out_proj(H, I),
-            f"{p}.input_layernorm.weight": zeros(H),
-            f"{p}.post_attention_layernorm.weight": zeros(H),
+            f"{p}.mlp.gate.weight": normal(E, H),
+            f"{p}.mlp.experts.gate_up_proj": normal(E, 2 * mi, H),
+            f"{p}.mlp.experts.down_proj": out_proj(E, H, mi),
+            f"{p}.mlp.shared_expert.gate_proj.weight": normal(si, H),
+            f"{p}.mlp.shared_expert.up_proj.weight": normal(si, H),
+            f"{p}.mlp.shared_expert.down_proj.weight": out_proj(H, si),
+            f"{p}.mlp.shared_expert_gate.weight": normal(1, H),
+            **norms,
         }
 
     w: dict[str, torch.Tensor] = {}
     lm = "model.language_model"
-    w[f"{lm}.embed_tokens.weight"] = normal(V, H, std=1.0 if oracle else 0.02)
+    w[f"{lm}.embed_tokens.weight"] = normal(V, H, std=1.0 if constructed else 0.02)
     w[f"{lm}.norm.weight"] = zeros(H)
-    w["lm_head.weight"] = normal(V, H, std=1.0 if oracle else 0.02)
+    w["lm_head.weight"] = normal(V, H, std=1.0 if constructed else 0.02)
     for i, kind in enumerate(t["layer_types"]):
         p = f"{lm}.layers.{i}"
         w.update(full_attention(p) if kind == "full_attention" else linear_attention(p))
@@ -402,8 +477,16 @@ def make_weights(config: dict[str, Any], *, oracle: bool = False, seed: int = 0)
     w["mtp.norm.weight"] = zeros(H)
     w["mtp.pre_fc_norm_embedding.weight"] = zeros(H)
     w["mtp.pre_fc_norm_hidden.weight"] = zeros(H)
-    if oracle:  # fc([emb; hidden]) = emb: the MTP head sees only the token it is given
-        w["mtp.fc.weight"] = torch.cat([torch.eye(H), torch.zeros(H, H)], dim=1).to(bf16)
+    if acceptance is not None:
+        if ordinary_ids is None:
+            raise CheckpointError("a controlled-acceptance build needs the tokenizer's ordinary token ids")
+        head = controlled_head(V, H, ordinary_ids, acceptance, seed=seed, device=device)
+        w[f"{lm}.embed_tokens.weight"] = head.embed.to(bf16)
+        w["lm_head.weight"] = head.lm_head.to(bf16)
+        w[f"{lm}.norm.weight"] = head.final_norm.to(bf16)
+        w["mtp.fc.weight"] = head.mtp_fc.to(bf16)
+    elif oracle:  # fc([emb; hidden]) = emb: the MTP head sees only the token it is given
+        w["mtp.fc.weight"] = torch.cat([torch.eye(H, device=device), torch.zeros(H, H, device=device)], dim=1).to(bf16)
     else:
         w["mtp.fc.weight"] = normal(H, 2 * H)
     return {k: v.contiguous() for k, v in w.items()}
@@ -440,7 +523,7 @@ def save_weights(out_dir: Path, weights: dict[str, Any]) -> None:
     """One safetensors file (``format: pt`` metadata, as transformers writes)."""
     from safetensors.torch import save_file
 
-    save_file(weights, str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
+    save_file({k: v.cpu() for k, v in weights.items()}, str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
 
 
 def write_checkpoint_files(out_dir: Path, config: dict[str, Any], special_ids: dict[str, int]) -> None:
@@ -450,27 +533,64 @@ def write_checkpoint_files(out_dir: Path, config: dict[str, Any], special_ids: d
     (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2))
 
 
+ACCEPTANCE_FILE = "acceptance.json"
+PREDICTED_DRAFT_TOKENS = (1, 2, 3, 4)
+PREDICTED_TEMPERATURES = (0.0, 0.5, 0.8, 1.0)
+
+
 def build_checkpoint(out_dir: str | os.PathLike[str], shape: ModelShape = ModelShape(), *, oracle: bool = False,
                      seed: int = 0, text_roots: Sequence[Path] | None = None,
-                     tokenizer_bytes: int = 16 << 20) -> dict[str, Any]:
+                     tokenizer_bytes: int = 16 << 20, acceptance: AcceptanceSpec | None = None,
+                     device: str = "cpu", prediction_samples: int = 256) -> dict[str, Any]:
     """Write a complete checkpoint into ``out_dir``; return its ``config.json`` content.
 
     The vocabulary is padded up to a multiple of 64 (kernel-friendly); the padded rows are never
-    produced by the tokenizer.
+    produced by the tokenizer. With ``acceptance``, ``acceptance.json`` holds the spec and the
+    accept length predicted for 1-4 draft tokens at temperatures 0, 0.5, 0.8 and 1.0.
     """
+    if oracle and acceptance is not None:
+        raise CheckpointError("oracle and acceptance are two constructions; pass one (oracle = agreement 1.0)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = collect_source_files(text_roots, max_bytes=tokenizer_bytes, split="train")
-    tok = train_tokenizer(out, files, shape.vocab_size)
+    tok = train_tokenizer(out, files, min(shape.vocab_size, TOKENIZER_VOCAB_CAP))
     vocab = max(shape.vocab_size, (tok.vocab_size + 63) // 64 * 64)
     config = make_config(shape, vocab, tok.special_ids)
     write_checkpoint_files(out, config, tok.special_ids)
-    save_weights(out, make_weights(config, oracle=oracle, seed=seed))
+    special = set(tok.special_ids.values())
+    ordinary = [i for i in range(tok.vocab_size) if i not in special]
+    weights = make_weights(config, oracle=oracle, seed=seed, acceptance=acceptance, ordinary_ids=ordinary,
+                           device=device)
+    if acceptance is not None:
+        predicted = {f"{n}@{temp}": round(predict_from_weights(weights, config["text_config"], ordinary, n, temp,
+                                                                samples=prediction_samples, seed=seed), 4)
+                     for n in PREDICTED_DRAFT_TOKENS for temp in PREDICTED_TEMPERATURES}
+        (out / ACCEPTANCE_FILE).write_text(json.dumps(dict(
+            agreement=acceptance.agreement, sharpness=acceptance.sharpness, seed=seed, ordinary_tokens=len(ordinary),
+            predicted_accept_length=predicted,
+            note="accept length = 1 + accepted drafts per step; key 'N@T' = N draft tokens at temperature T",
+        ), indent=2))
+    save_weights(out, weights)
     return config
+
+
+def predicted_accept_length(checkpoint: str | os.PathLike[str], num_draft_tokens: int, temperature: float) -> float:
+    """The accept length ``acceptance.json`` predicts for a built checkpoint (``N@T`` keys)."""
+    path = Path(checkpoint) / ACCEPTANCE_FILE
+    try:
+        table = json.loads(path.read_text())["predicted_accept_length"]
+    except (OSError, ValueError, KeyError) as e:
+        raise CheckpointError(f"{path}: no acceptance prediction ({e}); build with --agreement") from None
+    key = f"{num_draft_tokens}@{float(temperature)}"
+    if key not in table:
+        raise CheckpointError(f"{path}: no prediction for {key}; predicted: {sorted(table)}")
+    return float(table[key])
 
 
 def _shape_args(ap: argparse.ArgumentParser) -> None:
     d = ModelShape()
+    ap.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                    help="a named shape; the shape flags below then override nothing")
     ap.add_argument("--hidden", type=int, default=d.hidden_size, help="hidden size")
     ap.add_argument("--layers", type=int, default=d.num_layers, help="decoder layers (every 4th full attention)")
     ap.add_argument("--vocab", type=int, default=d.vocab_size, help="BPE vocabulary size (padded to x64)")
@@ -480,6 +600,11 @@ def _shape_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--head-dim", type=int, default=d.head_dim)
     ap.add_argument("--lin-k-heads", type=int, default=d.linear_num_key_heads)
     ap.add_argument("--lin-v-heads", type=int, default=d.linear_num_value_heads)
+    ap.add_argument("--experts", type=int, default=d.num_experts, help="routed experts (0: dense MLP)")
+    ap.add_argument("--top-k", type=int, default=d.num_experts_per_tok, help="experts per token")
+    ap.add_argument("--moe-inter", type=int, default=d.moe_intermediate_size, help="expert intermediate size")
+    ap.add_argument("--shared-inter", type=int, default=d.shared_expert_intermediate_size,
+                    help="shared-expert intermediate size")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--text-root", action="append", type=Path, default=None,
                     help="folder of .py files for the tokenizer (repeatable; default: stdlib + torch + transformers)")
@@ -487,9 +612,13 @@ def _shape_args(ap: argparse.ArgumentParser) -> None:
 
 
 def shape_from_args(a: argparse.Namespace) -> ModelShape:
+    if getattr(a, "preset", None):
+        return PRESETS[a.preset]
     return ModelShape(hidden_size=a.hidden, num_layers=a.layers, vocab_size=a.vocab, intermediate_size=a.inter,
                       num_heads=a.heads, num_kv_heads=a.kv_heads, head_dim=a.head_dim,
-                      linear_num_key_heads=a.lin_k_heads, linear_num_value_heads=a.lin_v_heads)
+                      linear_num_key_heads=a.lin_k_heads, linear_num_value_heads=a.lin_v_heads,
+                      num_experts=a.experts, num_experts_per_tok=a.top_k, moe_intermediate_size=a.moe_inter,
+                      shared_expert_intermediate_size=a.shared_inter)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -499,17 +628,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     _shape_args(ap)
     ap.add_argument("--oracle", action="store_true",
                     help="constructed weights whose MTP head is always right (100%% acceptance)")
+    ap.add_argument("--agreement", type=float, default=None,
+                    help="constructed weights whose MTP draft is right on this share of positions (0..1)")
+    ap.add_argument("--sharpness", type=float, default=AcceptanceSpec().sharpness,
+                    help="with --agreement: the successor's logit at temperature 1 (higher: acceptance falls "
+                         "less with temperature)")
+    ap.add_argument("--device", default="cpu", help="where tensors are drawn (cuda for large shapes)")
     a = ap.parse_args(argv)
     try:
         shape = shape_from_args(a)
+        spec = None if a.agreement is None else AcceptanceSpec(agreement=a.agreement, sharpness=a.sharpness)
         config = build_checkpoint(a.out_dir, shape, oracle=a.oracle, seed=a.seed, text_roots=a.text_root,
-                                  tokenizer_bytes=a.tokenizer_bytes)
+                                  tokenizer_bytes=a.tokenizer_bytes, acceptance=spec, device=a.device)
     except CheckpointError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     t = config["text_config"]
-    print(f"wrote {a.out_dir}: {'oracle' if a.oracle else 'initial'} weights, vocab {t['vocab_size']}, "
-          f"layers {t['layer_types']}, shape {dataclasses.asdict(shape)}")
+    kind = "oracle" if a.oracle else "controlled-acceptance" if spec else "initial"
+    print(f"wrote {a.out_dir}: {kind} weights, vocab {t['vocab_size']}, layers {t['layer_types']}, "
+          f"shape {dataclasses.asdict(shape)}")
+    if spec is not None:
+        predicted = json.loads((a.out_dir / ACCEPTANCE_FILE).read_text())["predicted_accept_length"]
+        print("predicted accept length (draft tokens @ temperature): "
+              + ", ".join(f"{k}: {v:.2f}" for k, v in predicted.items()))
     return 0
 
 

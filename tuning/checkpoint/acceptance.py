@@ -1,0 +1,204 @@
+"""Constructed weights whose MTP acceptance is set, not trained: an agreement level and a sharpness.
+
+A tuner needs a GPU testbed where acceptance is a knob: how often the MTP head's greedy draft is the
+target's next token (the *agreement*), and how fast acceptance falls as the sampling temperature rises
+(the *sharpness* of the target's distribution). This module writes the few tensors that decide both,
+for any Qwen3.5 shape (dense or MoE) whose token-mixing output projections are zero, so that every
+position's hidden state is its own token's embedding:
+
+- **The target** predicts, for every ordinary token ``y``, its successor along one random cycle through
+  all ordinary tokens (``lm_head[succ(y)] = embed(y)``). Concurrent sequences therefore carry distinct
+  tokens and spread over experts as real traffic does, instead of collapsing onto a few fixed points.
+  Every ordinary embedding has squared norm ``H`` (RMSNorm leaves it as it is); the final norm's scale
+  ``c = sharpness / H`` makes the successor's logit ``sharpness`` while the other ordinary tokens' logits
+  scatter around ``c`` with standard deviation ``~sharpness / sqrt(H)``. Special and padding rows carry
+  ``-H`` on a constant bias coordinate, so they are never generated.
+- **The MTP head** is ``fc = [A | 0]`` with ``A = diag(1, I, -I)`` over (bias coordinate, ``u`` block,
+  ``w`` block). Tokens outside the *disagreement set* ``S`` have their embedding in ``u`` only, so ``A``
+  leaves them alone and the head drafts the successor. Tokens in ``S`` carry three quarters of their
+  norm in ``w``: ``A`` flips it, the successor's MTP logit turns negative and the draft is some other
+  token. ``|S| = (1 - agreement) * n`` tokens, drawn at random, so along the cycle each draft is right
+  with probability ``agreement``.
+
+:func:`predict_accept_length` computes what LMDeploy should measure from the tensors themselves (float32
+arithmetic on the stored bf16 values): with no token mixing, draft ``k`` is the MTP's greedy choice
+after draft ``k - 1`` and the target accepts it with its own probability of that token at the request's
+temperature (LMDeploy 0.18 passes no draft probabilities, so a greedy draft is accepted with the target's
+probability of it; at temperature 0, when it is the target's argmax). The accept length is
+``1 + sum_k prod_{j<k} q(y_j)``, averaged over start tokens.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tuning.checkpoint.errors import CheckpointError
+
+__all__ = [
+    "AcceptanceSpec",
+    "ControlledHead",
+    "controlled_head",
+    "predict_accept_length",
+    "predict_from_weights",
+]
+
+#: Share of a disagreeing token's squared norm that sits in the ``w`` block (flipped by the MTP head).
+_W_SHARE = 0.75
+
+
+@dataclass(frozen=True)
+class AcceptanceSpec:
+    """How often the MTP head agrees with the target, and how sharp the target is.
+
+    Args:
+        agreement: share of draft positions whose greedy draft is the target's greedy token, 0..1.
+        sharpness: the successor's logit at temperature 1 over the mean of the other ordinary tokens'.
+            Higher keeps acceptance up as temperature rises; it does not change greedy acceptance.
+    """
+
+    agreement: float = 1.0
+    sharpness: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.agreement, (int, float)) and 0.0 <= self.agreement <= 1.0):
+            raise CheckpointError(f"agreement={self.agreement!r} is out of range; allowed: 0..1")
+        if not (isinstance(self.sharpness, (int, float)) and 0.0 < self.sharpness <= 1000.0
+                and math.isfinite(self.sharpness)):
+            raise CheckpointError(f"sharpness={self.sharpness!r} is out of range; allowed: (0, 1000]")
+
+
+@dataclass(frozen=True)
+class ControlledHead:
+    """The tensors that set acceptance (float32; the caller casts), and the cycle they encode."""
+
+    embed: Any                 # [V, H]
+    lm_head: Any               # [V, H]
+    mtp_fc: Any                # [H, 2H]
+    final_norm: Any            # [H], stored as w with scale 1 + w
+    successor: Any             # [V] long: the target's greedy next token of each ordinary token (-1 elsewhere)
+    disagrees: Any             # [V] bool: tokens whose MTP draft is wrong
+    ordinary: Any              # [n] long: the ordinary token ids
+
+
+def controlled_head(vocab_size: int, hidden_size: int, ordinary_ids: Sequence[int] | Any, spec: AcceptanceSpec,
+                    *, seed: int = 0, device: str = "cpu") -> ControlledHead:
+    """Build the embedding, ``lm_head``, final-norm and ``mtp.fc`` tensors for ``spec``.
+
+    ``ordinary_ids`` are the tokens the tokenizer produces that are not special; every other row of
+    the vocabulary (special tokens, padding) is suppressed in the output.
+    """
+    import torch
+
+    V, H = vocab_size, hidden_size
+    ordinary = torch.as_tensor(list(ordinary_ids) if not torch.is_tensor(ordinary_ids) else ordinary_ids,
+                               dtype=torch.long, device=device)
+    n = int(ordinary.numel())
+    if H < 8:
+        raise CheckpointError(f"hidden_size={H} is too small for a controlled head; allowed: >= 8")
+    if n < 2 or int(ordinary.max()) >= V or int(ordinary.min()) < 0 or ordinary.unique().numel() != n:
+        raise CheckpointError(f"ordinary_ids must be >= 2 distinct ids below vocab_size={V}")
+    gen = torch.Generator(device=device).manual_seed(seed)
+    d_w = (H - 1) // 2
+    d_u = H - 1 - d_w
+    u_slice, w_slice = slice(1, 1 + d_u), slice(1 + d_u, H)
+
+    disagrees = torch.zeros(V, dtype=torch.bool, device=device)
+    n_dis = round((1.0 - spec.agreement) * n)
+    if n_dis:
+        disagrees[ordinary[torch.randperm(n, generator=gen, device=device)[:n_dis]]] = True
+
+    # Every ordinary embedding: bias coordinate 1, the rest of the squared norm H - 1 in u (or split u/w).
+    embed = torch.zeros(V, H, device=device)
+    embed[:, 0] = 1.0
+    u = torch.randn(V, d_u, generator=gen, device=device)
+    w = torch.randn(V, d_w, generator=gen, device=device)
+    u = u / u.norm(dim=1, keepdim=True)
+    w = w / w.norm(dim=1, keepdim=True)
+    rest = math.sqrt(H - 1)
+    u_share = torch.where(disagrees, math.sqrt(1.0 - _W_SHARE), 1.0).unsqueeze(1)
+    w_share = torch.where(disagrees, math.sqrt(_W_SHARE), 0.0).unsqueeze(1)
+    embed[:, u_slice] = u * u_share * rest
+    embed[:, w_slice] = w * w_share * rest
+
+    # One random cycle through all ordinary tokens: lm_head[succ(y)] = embed(y).
+    order = ordinary[torch.randperm(n, generator=gen, device=device)]
+    successor = torch.full((V,), -1, dtype=torch.long, device=device)
+    successor[order] = torch.roll(order, -1)
+    lm_head = torch.zeros(V, H, device=device)
+    lm_head[:, 0] = -float(H)  # special and padding rows: far below every ordinary logit
+    lm_head[successor[order]] = embed[order]
+
+    final_norm = torch.full((H,), spec.sharpness / H - 1.0, device=device)  # scale 1 + w = sharpness / H
+    a = torch.ones(H, device=device)
+    a[w_slice] = -1.0
+    mtp_fc = torch.cat([torch.diag(a), torch.zeros(H, H, device=device)], dim=1)
+    return ControlledHead(embed=embed, lm_head=lm_head, mtp_fc=mtp_fc, final_norm=final_norm, successor=successor,
+                          disagrees=disagrees, ordinary=ordinary)
+
+
+def _rms_norm(x: Any, scale: Any, eps: float) -> Any:
+    return x * (x.pow(2).mean(-1, keepdim=True) + eps).rsqrt() * scale
+
+
+def predict_accept_length(
+    *,
+    embed: Any,
+    lm_head: Any,
+    final_norm: Any,
+    mtp_fc: Any,
+    mtp_pre_fc_norm_embedding: Any,
+    mtp_norm: Any,
+    ordinary: Any,
+    num_draft_tokens: int,
+    temperature: float,
+    rms_norm_eps: float = 1e-6,
+    samples: int = 256,
+    seed: int = 0,
+) -> float:
+    """Expected accept length (tokens per verification step, ``1 + accepted drafts``) for
+    ``num_draft_tokens`` drafts at ``temperature``, from the stored tensors of a checkpoint whose
+    token-mixing output projections are zero. Norm weights are as stored (scale ``1 + w``)."""
+    import torch
+
+    if num_draft_tokens < 1:
+        raise ValueError(f"num_draft_tokens={num_draft_tokens}; allowed: >= 1")
+    if temperature < 0:
+        raise ValueError(f"temperature={temperature}; allowed: >= 0")
+    f32 = torch.float32
+    emb, head = embed.to(f32), lm_head.to(f32)
+    H = emb.shape[1]
+    fc_emb = mtp_fc.to(f32)[:, :H]  # the hidden half multiplies a state the construction ignores: zero
+    gen = torch.Generator(device=emb.device).manual_seed(seed)
+    ordinary = torch.as_tensor(ordinary, device=emb.device)
+    y = ordinary[torch.randint(len(ordinary), (samples,), generator=gen, device=emb.device)]
+    alive = torch.ones(samples, device=emb.device)
+    total = torch.ones(samples, device=emb.device)
+    for _ in range(num_draft_tokens):
+        x = emb[y]
+        target_logits = _rms_norm(x, 1.0 + final_norm.to(f32), rms_norm_eps) @ head.T
+        e = _rms_norm(x, 1.0 + mtp_pre_fc_norm_embedding.to(f32), rms_norm_eps)
+        mtp_logits = _rms_norm(e @ fc_emb.T, 1.0 + mtp_norm.to(f32), rms_norm_eps) @ head.T
+        draft = mtp_logits.argmax(-1)
+        if temperature == 0:
+            q = (target_logits.argmax(-1) == draft).to(f32)
+        else:
+            q = torch.softmax(target_logits / temperature, -1).gather(1, draft.unsqueeze(1)).squeeze(1)
+        alive = alive * q
+        total = total + alive
+        y = draft
+    return float(total.mean())
+
+
+def predict_from_weights(weights: Mapping[str, Any], text_config: Mapping[str, Any], ordinary: Any,
+                         num_draft_tokens: int, temperature: float, *, samples: int = 256, seed: int = 0) -> float:
+    """:func:`predict_accept_length` on a checkpoint's tensors, keyed as :mod:`tuning.checkpoint.build` writes them."""
+    lm = "model.language_model"
+    return predict_accept_length(
+        embed=weights[f"{lm}.embed_tokens.weight"], lm_head=weights["lm_head.weight"],
+        final_norm=weights[f"{lm}.norm.weight"], mtp_fc=weights["mtp.fc.weight"],
+        mtp_pre_fc_norm_embedding=weights["mtp.pre_fc_norm_embedding.weight"], mtp_norm=weights["mtp.norm.weight"],
+        ordinary=ordinary, num_draft_tokens=num_draft_tokens, temperature=temperature,
+        rms_norm_eps=float(text_config.get("rms_norm_eps", 1e-6)), samples=samples, seed=seed,
+    )
