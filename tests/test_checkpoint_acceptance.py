@@ -41,7 +41,7 @@ STDLIB = Path(sysconfig.get_paths()["stdlib"])
 def moe_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("moe")
     build_checkpoint(out, TINY_MOE, seed=3, text_roots=[STDLIB], tokenizer_bytes=600_000,
-                     acceptance=AcceptanceSpec(agreement=0.7, sharpness=20.0), prediction_samples=512)
+                     acceptance=AcceptanceSpec(agreement=0.7), prediction_samples=512)
     return out
 
 
@@ -132,11 +132,22 @@ def test_acceptance_falls_with_temperature_and_less_when_sharper() -> None:
                                      mtp_norm=torch.zeros(H), ordinary=h.ordinary, num_draft_tokens=3,
                                      temperature=temperature, samples=1024)
 
-    soft = [accept(8.0, t) for t in (0.0, 0.5, 0.8, 1.0)]
-    sharp = [accept(16.0, t) for t in (0.0, 0.5, 0.8, 1.0)]
+    soft = [accept(2.5, t) for t in (0.0, 0.5, 0.8, 1.0)]
+    sharp = [accept(5.0, t) for t in (0.0, 0.5, 0.8, 1.0)]
     assert soft == sorted(soft, reverse=True) and soft[0] > soft[-1] + 0.3
     assert sharp[0] == pytest.approx(soft[0], abs=0.05)    # sharpness leaves greedy acceptance alone
     assert sharp[2] > soft[2] + 0.1                        # and keeps sampled acceptance up
+
+
+def test_top_k_filtering_keeps_acceptance_up() -> None:
+    V, H = 2048, 256
+    h = controlled_head(V, H, range(9, V - 64), AcceptanceSpec(agreement=1.0, sharpness=4.0), seed=2)
+    kw = dict(embed=h.embed, lm_head=h.lm_head, final_norm=h.final_norm, mtp_fc=h.mtp_fc,
+              mtp_pre_fc_norm_embedding=torch.zeros(H), mtp_norm=torch.zeros(H), ordinary=h.ordinary,
+              num_draft_tokens=2, temperature=1.0, samples=512)
+    unfiltered, top40, top1 = (predict_accept_length(**kw, top_k=k) for k in (0, 40, 1))
+    assert unfiltered < top40 < top1 == 3.0
+    assert predict_accept_length(**kw, top_k=0, top_p=1e-6) == 3.0  # top_p keeps only the argmax
 
 
 def test_agreement_one_is_the_oracle_upper_bound() -> None:

@@ -25,7 +25,9 @@ arithmetic on the stored bf16 values): with no token mixing, draft ``k`` is the 
 after draft ``k - 1`` and the target accepts it with its own probability of that token at the request's
 temperature (LMDeploy 0.18 passes no draft probabilities, so a greedy draft is accepted with the target's
 probability of it; at temperature 0, when it is the target's argmax). The accept length is
-``1 + sum_k prod_{j<k} q(y_j)``, averaged over start tokens.
+``1 + sum_k prod_{j<k} q(y_j)``, averaged over start tokens. The target's probability is taken after
+the request's ``top_k`` / ``top_p`` filtering, as the engine samples: LMDeploy's OpenAI endpoints apply
+``top_k = 40`` and ``top_p = 1.0`` unless the request says otherwise (:data:`LMDEPLOY_API_TOP_K`).
 """
 from __future__ import annotations
 
@@ -37,12 +39,16 @@ from typing import Any
 from tuning.checkpoint.errors import CheckpointError
 
 __all__ = [
+    "LMDEPLOY_API_TOP_K",
     "AcceptanceSpec",
     "ControlledHead",
     "controlled_head",
     "predict_accept_length",
     "predict_from_weights",
 ]
+
+#: What LMDeploy 0.18's ``/v1/completions`` and ``/v1/chat/completions`` use when a request gives no ``top_k``.
+LMDEPLOY_API_TOP_K = 40
 
 #: Share of a disagreeing token's squared norm that sits in the ``w`` block (flipped by the MTP head).
 _W_SHARE = 0.75
@@ -59,7 +65,7 @@ class AcceptanceSpec:
     """
 
     agreement: float = 1.0
-    sharpness: float = 30.0
+    sharpness: float = 3.5
 
     def __post_init__(self) -> None:
         if not (isinstance(self.agreement, (int, float)) and 0.0 <= self.agreement <= 1.0):
@@ -154,12 +160,15 @@ def predict_accept_length(
     num_draft_tokens: int,
     temperature: float,
     rms_norm_eps: float = 1e-6,
+    top_k: int = LMDEPLOY_API_TOP_K,
+    top_p: float = 1.0,
     samples: int = 256,
     seed: int = 0,
 ) -> float:
     """Expected accept length (tokens per verification step, ``1 + accepted drafts``) for
-    ``num_draft_tokens`` drafts at ``temperature``, from the stored tensors of a checkpoint whose
-    token-mixing output projections are zero. Norm weights are as stored (scale ``1 + w``)."""
+    ``num_draft_tokens`` drafts at ``temperature`` (after ``top_k``, 0 = off, and ``top_p`` filtering),
+    from the stored tensors of a checkpoint whose token-mixing output projections are zero. Norm
+    weights are as stored (scale ``1 + w``)."""
     import torch
 
     if num_draft_tokens < 1:
@@ -184,15 +193,33 @@ def predict_accept_length(
         if temperature == 0:
             q = (target_logits.argmax(-1) == draft).to(f32)
         else:
-            q = torch.softmax(target_logits / temperature, -1).gather(1, draft.unsqueeze(1)).squeeze(1)
+            q = _filtered_probs(target_logits / temperature, top_k, top_p).gather(1, draft.unsqueeze(1)).squeeze(1)
         alive = alive * q
         total = total + alive
         y = draft
     return float(total.mean())
 
 
+def _filtered_probs(logits: Any, top_k: int, top_p: float) -> Any:
+    """Softmax over the tokens top-k and top-p sampling keep (the rest get probability 0)."""
+    import torch
+
+    if top_k and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, -1)
+    if top_p < 1.0:
+        sorted_probs, order = probs.sort(-1, descending=True)
+        outside = sorted_probs.cumsum(-1) - sorted_probs > top_p  # keep the smallest prefix reaching top_p
+        sorted_probs = sorted_probs.masked_fill(outside, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
 def predict_from_weights(weights: Mapping[str, Any], text_config: Mapping[str, Any], ordinary: Any,
-                         num_draft_tokens: int, temperature: float, *, samples: int = 256, seed: int = 0) -> float:
+                         num_draft_tokens: int, temperature: float, *, top_k: int = LMDEPLOY_API_TOP_K,
+                         top_p: float = 1.0, samples: int = 256, seed: int = 0) -> float:
     """:func:`predict_accept_length` on a checkpoint's tensors, keyed as :mod:`tuning.checkpoint.build` writes them."""
     lm = "model.language_model"
     return predict_accept_length(
@@ -200,5 +227,6 @@ def predict_from_weights(weights: Mapping[str, Any], text_config: Mapping[str, A
         final_norm=weights[f"{lm}.norm.weight"], mtp_fc=weights["mtp.fc.weight"],
         mtp_pre_fc_norm_embedding=weights["mtp.pre_fc_norm_embedding.weight"], mtp_norm=weights["mtp.norm.weight"],
         ordinary=ordinary, num_draft_tokens=num_draft_tokens, temperature=temperature,
-        rms_norm_eps=float(text_config.get("rms_norm_eps", 1e-6)), samples=samples, seed=seed,
+        rms_norm_eps=float(text_config.get("rms_norm_eps", 1e-6)), top_k=top_k, top_p=top_p, samples=samples,
+        seed=seed,
     )

@@ -54,7 +54,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tuning.checkpoint.acceptance import AcceptanceSpec, controlled_head, predict_from_weights
+from tuning.checkpoint.acceptance import (
+    LMDEPLOY_API_TOP_K,
+    AcceptanceSpec,
+    controlled_head,
+    predict_from_weights,
+)
 from tuning.checkpoint.errors import CheckpointError
 
 __all__ = [
@@ -568,7 +573,9 @@ def build_checkpoint(out_dir: str | os.PathLike[str], shape: ModelShape = ModelS
         (out / ACCEPTANCE_FILE).write_text(json.dumps(dict(
             agreement=acceptance.agreement, sharpness=acceptance.sharpness, seed=seed, ordinary_tokens=len(ordinary),
             predicted_accept_length=predicted,
-            note="accept length = 1 + accepted drafts per step; key 'N@T' = N draft tokens at temperature T",
+            top_k=LMDEPLOY_API_TOP_K, top_p=1.0,
+            note="accept length = 1 + accepted drafts per step; key 'N@T' = N draft tokens at temperature T, "
+                 "sampled with top_k and top_p as LMDeploy's OpenAI endpoints do by default",
         ), indent=2))
     save_weights(out, weights)
     return config
@@ -631,7 +638,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--agreement", type=float, default=None,
                     help="constructed weights whose MTP draft is right on this share of positions (0..1)")
     ap.add_argument("--sharpness", type=float, default=AcceptanceSpec().sharpness,
-                    help="with --agreement: the successor's logit at temperature 1 (higher: acceptance falls "
+                    help="with --agreement: the successor's logit over the mean at temperature 1 (higher: acceptance falls "
                          "less with temperature)")
     ap.add_argument("--device", default="cpu", help="where tensors are drawn (cuda for large shapes)")
     a = ap.parse_args(argv)
