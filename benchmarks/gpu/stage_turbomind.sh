@@ -3,12 +3,13 @@
 # CUDA 13 H200, in TWO carry parts of < 60 MiB each (.stage/t1, .stage/t2), instead of stage_wheels.sh's
 # q1/q2 (which strip TurboMind's 347 MB binary) plus a third part for the binary:
 #   - LMDeploy's, TileLang's and z3's wheels are recompressed with LZMA (lzma_wheel.py; pip installs
-#     them as they are): LMDeploy with its binary drops from 102 MiB to about 40;
+#     them as they are; LMDeploy's build-only libxgrammar.a is left out): LMDeploy with its binary
+#     drops from 102 MiB to 34;
 #   - t1/turbomind-lib: libcudart.so.12 (from nvidia-cuda-runtime-cu12 12.9.79) and the cuBLAS 12
 #     pass-through + empty cuBLASLt 12 (turbomind/build_shim.sh): what the binary misses on CUDA 13
 #     (docs/turbomind.md).
 # t1 holds LMDeploy, the libraries and what training needs (fla), so call 1 can check that TurboMind
-# loads and start training while t2 (TileLang, z3, FlashAttention-3) travels.
+# loads and start training while t2 (TileLang and z3, 56 MiB) travels.
 #   bash benchmarks/gpu/stage_turbomind.sh           # LZMA takes minutes of one core (cached in .stage/lz)
 # Device calls: benchmarks/gpu/turbomind_device.sh (t1, t2, measure).
 set -euo pipefail
@@ -23,7 +24,8 @@ python3 -m pip download -q $P --platform manylinux2014_x86_64 -d $S/dltm nvidia-
 
 mkdir -p $S/lz
 for w in $S/dl/lmdeploy-0.18.0-*.whl $S/dl/tilelang-*.whl $S/dl/z3_solver-*.whl; do
-  [ -f "$S/lz/$(basename "$w")" ] || nice python3 "$HERE/lzma_wheel.py" "$w" $S/lz
+  [ -f "$S/lz/$(basename "$w")" ] || nice python3 "$HERE/lzma_wheel.py" "$w" $S/lz \
+    --drop lmdeploy/turbomind/lib64/libxgrammar.a
 done
 
 rm -rf $S/t1 $S/t2 && mkdir -p $S/t1/turbomind-lib $S/t2
@@ -34,7 +36,6 @@ cp $S/lz/tilelang-*.whl $S/lz/z3_solver-*.whl $S/t2/
 for f in $S/q1/*.whl $S/q2/*.whl; do
   case $(basename "$f") in
     lmdeploy-*|tilelang-*|z3_solver-*) ;;
-    flash_attn_3-*) cp "$f" $S/t2/ ;;
     *) cp "$f" $S/t1/ ;;
   esac
 done
