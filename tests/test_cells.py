@@ -1,0 +1,126 @@
+"""Choosing a bucket's primary and its cells beyond noise, the traffic-mix prediction over cells, and
+the small-sample statistics behind both."""
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrator import table
+from orchestrator.config import EngineConfig
+from orchestrator.fsutil import utc_now_iso
+from tuning.cells import CellMeasurement, choose_cells, predict_mix
+from tuning.stats import mean_confidence_interval, t_quantile
+
+
+def _cfg(drafts: int) -> dict:
+    cfg = {"backend": "sim", "model": "m", "tp": 1, "memory_fraction": 0.5}
+    if drafts:
+        cfg |= {"speculative_algorithm": "qwen3_5_mtp", "num_draft_tokens": drafts}
+    return cfg
+
+
+def _m(drafts, band, in_flight, *tput, bucket="le1024"):
+    return CellMeasurement(config=_cfg(drafts), bucket=bucket, band=band, in_flight=in_flight,
+                           throughputs=tuple(float(t) for t in tput))
+
+
+KEY = {d: EngineConfig.from_dict(_cfg(d)).key() for d in (0, 2, 4)}
+
+# The H200 shape: MTP-4 best greedy, MTP off best sampled (T 0.8), MTP-2 at high load.
+MEASURED = [
+    _m(0, "greedy", 64, 1000, 1040, 980), _m(4, "greedy", 64, 1230, 1260, 1210), _m(2, "greedy", 64, 1170, 1150, 1190),
+    _m(0, "sampled", 64, 1000, 1030, 990), _m(4, "sampled", 64, 660, 650, 680), _m(2, "sampled", 64, 770, 790, 760),
+    _m(0, "greedy", 256, 2000, 2100, 1900), _m(4, "greedy", 256, 1950, 2150, 2000), _m(2, "greedy", 256, 2600, 2650, 2550),
+    _m(0, "sampled", 256, 2000, 2050, 1980), _m(4, "sampled", 256, 1500, 1550, 1450), _m(2, "sampled", 256, 2000, 2150, 1950),
+]
+
+
+def test_primary_is_the_best_on_the_primary_cell_and_cells_only_beyond_noise():
+    choice = choose_cells(MEASURED, primary_band="greedy", primary_in_flight=64)["le1024"]
+    assert choice.primary_key == KEY[4]
+    cells = {(c.sampling, c.min_in_flight): c.engine_config().key() for c in choice.cells}
+    # sampled traffic: MTP off beats MTP-4 far beyond noise, from the lowest load up (one cell covers 256 too)
+    assert cells[("sampled", 64)] == KEY[0]
+    assert ("sampled", 256) not in cells  # MTP off still serves it: MTP-2 is within noise of it
+    assert cells[("greedy", 256)] == KEY[2]
+    assert any("sampled@256" in n and "overlap" in n for n in choice.notes)
+    c = next(c for c in choice.cells if c.sampling == "sampled")
+    assert c.primary_figures.output_throughput == pytest.approx(statistics.fmean([660, 650, 680]))
+    assert c.gain() == pytest.approx(statistics.fmean([1000, 1030, 990]) / statistics.fmean([660, 650, 680]) - 1)
+    lo, hi = c.figures.output_throughput_ci
+    assert lo < c.figures.output_throughput < hi and c.figures.rounds == 3
+
+
+def test_overlapping_intervals_keep_the_primary():
+    noisy = [_m(4, "greedy", 64, 1000, 1200), _m(0, "greedy", 64, 900, 1000),
+             _m(4, "sampled", 64, 700, 1300), _m(0, "sampled", 64, 1000, 1100)]
+    choice = choose_cells(noisy, primary_band="greedy", primary_in_flight=64)["le1024"]
+    assert choice.cells == () and "overlap" in choice.notes[0]
+
+
+def test_cells_load_into_a_v2_routing_table():
+    choice = choose_cells(MEASURED, primary_band="greedy", primary_in_flight=64)["le1024"]
+    rt = table.parse({
+        "provenance": {"model": "m", "gpu_type": "none (simulated)", "gpu_count": 0, "sweep_id": "t",
+                       "created_at": utc_now_iso(), "simulated": True},
+        "buckets": [{"name": "le1024", "max_output_len": 1024, "config": dict(choice.primary_config),
+                     "figures": choice.primary_figures.model_dump(mode="json"),
+                     "cells": [c.model_dump(mode="json") for c in choice.cells]}],
+    })
+    b = rt.bucket("le1024")
+    assert b.cell_for("sampled", 300).engine_config().key() == KEY[0]
+    assert b.cell_for("greedy", 300).engine_config().key() == KEY[2]
+    assert b.cell_for("greedy", 64) is None
+    assert len(rt.distinct_configs()) == 3
+
+
+def test_the_mix_prediction_weighs_cells_by_tokens():
+    choices = choose_cells(MEASURED, primary_band="greedy", primary_in_flight=64)
+    pred = predict_mix(MEASURED, choices, {("le1024", "greedy"): 0.5, ("le1024", "sampled"): 0.5}, in_flight=64)
+    greedy4, sampled0 = statistics.fmean([1230, 1260, 1210]), statistics.fmean([1000, 1030, 990])
+    assert pred.table_throughput == pytest.approx(1 / (0.5 / greedy4 + 0.5 / sampled0))
+    best_key, best = pred.best_single
+    assert best_key == KEY[0]  # MTP off: 1000 / 1007 beats MTP-4's 1233 / 663 on this mix
+    assert pred.ratio == pytest.approx(pred.table_throughput / best) and pred.ratio > 1.1
+    only_greedy = predict_mix(MEASURED, choices, {("le1024", "greedy"): 1.0}, in_flight=64)
+    assert only_greedy.ratio == pytest.approx(1.0)
+
+
+def test_bad_inputs_are_refused():
+    with pytest.raises(ValueError, match="primary cell"):
+        choose_cells([_m(0, "sampled", 64, 1, 2)], primary_band="greedy", primary_in_flight=64)
+    with pytest.raises(ValueError, match="throughputs"):
+        _m(0, "greedy", 64)
+    choices = choose_cells(MEASURED, primary_band="greedy", primary_in_flight=64)
+    with pytest.raises(ValueError, match="no output tokens"):
+        predict_mix(MEASURED, choices, {("le1024", "greedy"): 0.0}, in_flight=64)
+    with pytest.raises(ValueError, match="le9"):
+        predict_mix(MEASURED, choices, {("le9", "greedy"): 1.0}, in_flight=64)
+    with pytest.raises(ValueError, match="in_flight=8"):
+        predict_mix(MEASURED, choices, {("le1024", "greedy"): 1.0}, in_flight=8)
+
+
+@pytest.mark.parametrize("df, expected", [(1, 12.7062), (2, 4.3027), (3, 3.1824), (5, 2.5706), (30, 2.0423)])
+def test_t_quantiles(df, expected):
+    assert t_quantile(0.975, df) == pytest.approx(expected, rel=2e-3)
+
+
+def test_confidence_interval_edges():
+    assert mean_confidence_interval([5.0]) == (5.0, 5.0, 5.0)
+    with pytest.raises(ValueError):
+        mean_confidence_interval([])
+    with pytest.raises(ValueError):
+        t_quantile(1.0, 3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(1, 1e4, allow_nan=False), min_size=2, max_size=12))
+def test_the_interval_holds_the_mean_and_narrows_with_level(xs):
+    mean, lo, hi = mean_confidence_interval(xs, 0.95)
+    _, lo90, hi90 = mean_confidence_interval(xs, 0.90)
+    assert lo <= mean <= hi and lo <= lo90 + 1e-9 and hi90 <= hi + 1e-9
+    assert math.isclose(mean, statistics.fmean(xs))

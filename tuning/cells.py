@@ -1,0 +1,161 @@
+"""Choosing a bucket's primary config and the cells (sampling band x load level) that get their own,
+and predicting what that is worth on a traffic mix. Pure: measurements in, decisions out.
+
+Why cells only beyond noise: every extra config is one more engine to run, and on real GPUs one
+benchmark wave moves 12-17 %. A cell gets its own config only when that config's confidence interval
+over interleaved rounds lies entirely above the interval of the config the cell would otherwise use;
+everything else shares the primary's engines.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.config import EngineConfig
+from orchestrator.table import BucketFigures, Cell
+from tuning.stats import mean_confidence_interval
+
+__all__ = ["BucketChoice", "CellMeasurement", "MixPrediction", "choose_cells", "predict_mix"]
+
+
+@dataclass(frozen=True)
+class CellMeasurement:
+    """One config measured on one cell of one bucket: a throughput per interleaved round."""
+
+    config: Mapping[str, Any]
+    bucket: str
+    band: str
+    in_flight: int
+    throughputs: tuple[float, ...]
+    accept_length: float | None = None
+
+    @property
+    def engine_key(self) -> str:
+        return EngineConfig.from_dict(self.config).key()
+
+    def __post_init__(self) -> None:
+        if not self.throughputs or any(t < 0 for t in self.throughputs):
+            raise ValueError(f"{self.engine_key} on {self.bucket}/{self.band}@{self.in_flight}: "
+                             f"throughputs must be >= 0 and at least one, got {self.throughputs}")
+
+    def figures(self, level: float = 0.95) -> BucketFigures:
+        mean, low, high = mean_confidence_interval(self.throughputs, level)
+        return BucketFigures(output_throughput=mean, output_throughput_ci=(max(low, 0.0), high),
+                             rounds=len(self.throughputs), accept_length=self.accept_length,
+                             concurrency=self.in_flight)
+
+
+@dataclass(frozen=True)
+class BucketChoice:
+    """A bucket's primary config and its cells, with why each other candidate cell was not written."""
+
+    bucket: str
+    primary_key: str
+    primary_config: Mapping[str, Any]
+    primary_figures: BucketFigures
+    cells: tuple[Cell, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    def key_for(self, band: str, in_flight: int) -> str:
+        """The engine key that serves ``band`` at ``in_flight`` under this choice."""
+        fitting = [c for c in self.cells if c.sampling in (None, band) and c.min_in_flight <= in_flight]
+        if not fitting:
+            return self.primary_key
+        return max(fitting, key=lambda c: (c.min_in_flight, c.sampling is not None)).engine_config().key()
+
+
+def choose_cells(measurements: Iterable[CellMeasurement], *, primary_band: str, primary_in_flight: int,
+                 level: float = 0.95) -> dict[str, BucketChoice]:
+    """Per bucket: the primary (the best mean at ``primary_band`` x ``primary_in_flight``) and a cell for
+    every other (band, load level) whose best config beats the config it would otherwise get beyond
+    both confidence intervals. Load levels are taken in increasing order, so a cell at a higher level
+    is written only where it changes the outcome."""
+    by_bucket: dict[str, dict[tuple[str, int], dict[str, CellMeasurement]]] = defaultdict(lambda: defaultdict(dict))
+    for m in measurements:
+        by_bucket[m.bucket][(m.band, m.in_flight)][m.engine_key] = m
+    out: dict[str, BucketChoice] = {}
+    for bucket, cells in by_bucket.items():
+        home = cells.get((primary_band, primary_in_flight))
+        if not home:
+            raise ValueError(f"bucket {bucket}: nothing measured on the primary cell {primary_band}@{primary_in_flight}")
+        primary = max(home.values(), key=lambda m: m.figures(level).output_throughput)
+        chosen: list[Cell] = []
+        notes: list[str] = []
+        for band, in_flight in sorted(cells, key=lambda bl: (bl[0], bl[1])):
+            if (band, in_flight) == (primary_band, primary_in_flight):
+                continue
+            here = cells[(band, in_flight)]
+            best = max(here.values(), key=lambda m: m.figures(level).output_throughput)
+            current = BucketChoice(bucket, primary.engine_key, primary.config, primary.figures(level),
+                                   tuple(chosen)).key_for(band, in_flight)
+            if best.engine_key == current:
+                continue
+            if current not in here:
+                notes.append(f"{band}@{in_flight}: {best.engine_key} is best but {current} was not measured there; "
+                             "kept it")
+                continue
+            b, c = best.figures(level), here[current].figures(level)
+            assert b.output_throughput_ci is not None and c.output_throughput_ci is not None
+            if b.output_throughput_ci[0] > c.output_throughput_ci[1]:
+                primary_here = here.get(primary.engine_key)
+                chosen.append(Cell(sampling=band, min_in_flight=in_flight, config=dict(best.config), figures=b,
+                                   primary_figures=primary_here.figures(level) if primary_here else None))
+            else:
+                notes.append(f"{band}@{in_flight}: {best.engine_key} {b.output_throughput:.0f} tok/s vs "
+                             f"{current} {c.output_throughput:.0f} tok/s, intervals overlap: kept {current}")
+        out[bucket] = BucketChoice(bucket, primary.engine_key, primary.config, primary.figures(level), tuple(chosen),
+                                   tuple(notes))
+    return out
+
+
+@dataclass(frozen=True)
+class MixPrediction:
+    """A traffic mix's predicted output tok/s served by the chosen cells and by each single config."""
+
+    table_throughput: float
+    singles: tuple[tuple[str, float], ...] = field(default_factory=tuple)
+    """(engine key, tok/s), best first: configs measured on every cell the mix touches."""
+
+    @property
+    def best_single(self) -> tuple[str, float] | None:
+        return self.singles[0] if self.singles else None
+
+    @property
+    def ratio(self) -> float | None:
+        """The table over the best single config."""
+        best = self.best_single
+        return self.table_throughput / best[1] if best else None
+
+
+def predict_mix(measurements: Sequence[CellMeasurement], choices: Mapping[str, BucketChoice],
+                token_shares: Mapping[tuple[str, str], float], *, in_flight: int) -> MixPrediction:
+    """Output tok/s of a mix whose output tokens fall on (bucket, band) in ``token_shares``
+    (:meth:`tuning.traffic.TrafficMix.cell_shares` with ``by="tokens"``), at ``in_flight`` requests per
+    replica: the time to serve each cell's tokens at the rate of the config that serves it,
+    ``1 / sum(share / throughput)``, for the table and for every single config."""
+    rate = {(m.engine_key, m.bucket, m.band): m.figures().output_throughput
+            for m in measurements if m.in_flight == in_flight}
+    cells = [k for k, s in token_shares.items() if s > 0]
+    if not cells:
+        raise ValueError("the mix has no output tokens")
+    missing = [c for c in cells if c[0] not in choices]
+    if missing:
+        raise ValueError(f"no choice for bucket(s) of the mix: {sorted({b for b, _ in missing})}")
+
+    def served_by(key_of: Any) -> float | None:
+        total = 0.0
+        for bucket, band in cells:
+            r = rate.get((key_of(bucket, band), bucket, band))
+            if not r:
+                return None
+            total += token_shares[(bucket, band)] / r
+        return sum(token_shares[c] for c in cells) / total
+
+    table = served_by(lambda b, band: choices[b].key_for(band, in_flight))
+    if table is None:
+        raise ValueError(f"the table's configs were not all measured at in_flight={in_flight} on the mix's cells")
+    engines = sorted({k for k, _, _ in rate})
+    singles = [(k, t) for k in engines if (t := served_by(lambda b, band, k=k: k)) is not None]
+    return MixPrediction(table_throughput=table, singles=tuple(sorted(singles, key=lambda kv: -kv[1])))
