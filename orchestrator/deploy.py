@@ -46,7 +46,9 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import logging
+import shlex
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -59,12 +61,14 @@ import yaml
 from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.raycompat import serve_client
 
-__all__ = ["DeployResult", "deploy", "direct_ingress_urls", "direct_ingress_urls_from_details", "main", "serve_config",
-           "write_serve_config"]
+__all__ = ["DeployResult", "deploy", "direct_ingress_urls", "direct_ingress_urls_from_details", "first_request_text",
+           "main", "serve_config", "write_serve_config"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_APP_NAME = "mtp-router"
+LOOPBACK = "127.0.0.1"
+"""Serve's HTTP proxy listens here unless ``--http-host`` says otherwise: nothing is public by default."""
 
 
 @dataclass(frozen=True)
@@ -240,7 +244,7 @@ def _url_sort_key(url: str) -> tuple[str, int]:
 
 
 def serve_config(args: Any, *, app_name: str = DEFAULT_APP_NAME, route_prefix: str = "/",
-                 http_host: str = "0.0.0.0", http_port: int = 8000) -> dict[str, Any]:
+                 http_host: str = "127.0.0.1", http_port: int = 8000) -> dict[str, Any]:
     """A Serve config (``serve deploy`` schema) for the args; the table is validated and pinned by hash."""
     from orchestrator.serve.app import AppArgs, build_app, load_table
 
@@ -318,8 +322,15 @@ low-latency mode (Ray Serve direct ingress, no proxy hop):
     p.add_argument("--write-serve-config", metavar="FILE", help="write a `serve deploy` config and exit (no cluster needed)")
     p.add_argument("--app-name", default=DEFAULT_APP_NAME)
     p.add_argument("--route-prefix", default="/")
-    p.add_argument("--address", default=None, help="Ray address (default: RAY_ADDRESS or a local cluster)")
-    p.add_argument("--http-host", default="0.0.0.0")
+    p.add_argument("--address", default=None,
+                   help="Ray address (default: RAY_ADDRESS, else a cluster `ray start` left running here, else a new "
+                        "local cluster that lives as long as this command). A cluster that checks a token (Ray's "
+                        "default) needs RAY_AUTH_MODE=token and RAY_AUTH_TOKEN[_PATH]; for one on this machine the "
+                        "token in ~/.ray/auth_token is used")
+    p.add_argument("--http-host", default=LOOPBACK,
+                   help="interface Serve's HTTP proxy listens on (default %(default)s: this machine only); "
+                        "0.0.0.0 serves every interface, i.e. other machines (use --api-key-file). Applies when "
+                        "this command starts Serve; a running Serve keeps its own")
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--api-key-file", default=None, help="file with one accepted API key per line (stored as sha256)")
@@ -336,7 +347,10 @@ low-latency mode (Ray Serve direct ingress, no proxy hop):
     p.add_argument("--engine-log-dir", default=None)
     p.add_argument("--share-gpu", action="store_true", help="tp=1 engines reserve memory_fraction + 0.1 of a GPU, "
                    "so several share one (small models only)")
-    p.add_argument("--blocking", action="store_true", help="stay in the foreground after deploying (local clusters)")
+    p.add_argument("--blocking", action=argparse.BooleanOptionalAction, default=None,
+                   help="stay in the foreground after deploying until Ctrl-C. Default: only when this command "
+                        "started the Ray cluster itself (its exit would stop the cluster and the app); "
+                        "--no-blocking exits anyway")
     return p
 
 
@@ -393,10 +407,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}\nNothing was deployed; the running application (if any) is unchanged.", file=sys.stderr)
         return 2
 
-    import ray
     from ray import serve
 
-    ray.init(address=ns.address, ignore_reinit_error=True)
+    from orchestrator.raycompat import driver_started_cluster
+    from orchestrator.raycluster import RayAuthError, connect
+    from orchestrator.serve.app import router_spec
+
+    import ray
+
+    connected_before = ray.is_initialized()  # a caller's driver (tests, notebooks) owns its cluster
+    try:
+        connect(ns.address)
+    except RayAuthError as e:
+        print(f"error: {e}\nNothing was deployed.", file=sys.stderr)
+        return 2
+    started = not connected_before and driver_started_cluster()
     serve.start(http_options={"host": ns.http_host, "port": ns.http_port})
     try:
         result = deploy(args, app_name=ns.app_name, route_prefix=ns.route_prefix)
@@ -405,7 +430,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print(f"deployed {result.app_name}: routing table v{result.table_version}, engines {list(result.engine_deployments)}"
           f" (steps: {', '.join(result.steps)}; added {list(result.added)}, removed {list(result.removed)})")
-    print(f"OpenAI API at http://{ns.http_host}:{ns.http_port}{ns.route_prefix.rstrip('/')}/v1")
+    spec = router_spec(args, table)
+    base_url = f"http://{_url_host(_client_host(ns.http_host))}:{ns.http_port}{ns.route_prefix.rstrip('/')}/v1"
+    print(f"OpenAI API at {base_url}" + ("" if _is_loopback(ns.http_host) else
+                                         f" (listening on {ns.http_host}: other machines use this host's address)"))
+    if not _is_loopback(ns.http_host) and not spec.api_key_sha256:
+        print(f"warning: serving on {ns.http_host} without API keys: anyone who can reach port {ns.http_port} can "
+              "use the engines; add --api-key-file", file=sys.stderr)
     try:
         urls = direct_ingress_urls(result.app_name)
     except Exception as e:  # the app is deployed; only the listing failed
@@ -413,13 +444,72 @@ def main(argv: Sequence[str] | None = None) -> int:
         urls = []
     if urls:
         print(f"router replicas (direct ingress, no proxy hop): {' '.join(urls)}")
-    if ns.blocking:
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            pass
+    print(first_request_text(base_url, spec.served_model_names[0], api_keys=bool(spec.api_key_sha256)))
+    blocking = started if ns.blocking is None else ns.blocking
+    if started and not blocking:
+        print("note: this command started the local Ray cluster, which stops when it exits: the app is gone. "
+              "Start Ray first (`ray start --head`) and deploy with --address 127.0.0.1:6379 to keep it running.")
+    if blocking:
+        _serve_until_interrupted(started)
     return 0
+
+
+def first_request_text(base_url: str, model: str, *, api_keys: bool) -> str:
+    """The next commands a user runs after deploying: one request with curl and one with the openai
+    Python client (``OPENAI_API_KEY`` holds a key when keys are on; the placeholder otherwise)."""
+    key_header = " \\\n    -H \"Authorization: Bearer $OPENAI_API_KEY\"" if api_keys else ""
+    key_note = ("  (API keys are on: export OPENAI_API_KEY=<one of your keys> first)\n" if api_keys else "")
+    api_key = 'os.environ["OPENAI_API_KEY"]' if api_keys else '"not-needed"'
+    body = shlex.quote(json.dumps({"model": model, "messages": [{"role": "user", "content": "Say hello."}],
+                                   "max_tokens": 32}))
+    return (
+        "first request:\n" + key_note +
+        f"  curl -sS {base_url}/chat/completions -H 'Content-Type: application/json'{key_header} \\\n"
+        f"    -d {body}\n"
+        "  python - <<'PY'\n"
+        "import os\n"
+        "from openai import OpenAI\n"
+        f"client = OpenAI(base_url={json.dumps(base_url)}, api_key={api_key})\n"
+        f"reply = client.chat.completions.create(model={json.dumps(model)}, "
+        "messages=[{\"role\": \"user\", \"content\": \"Say hello.\"}], max_tokens=32)\n"
+        "print(reply.choices[0].message.content)\n"
+        "PY"
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def _client_host(bind_host: str) -> str:
+    """Where a client on this machine reaches a proxy bound to ``bind_host``."""
+    return {"0.0.0.0": LOOPBACK, "::": "::1", "": LOOPBACK}.get(bind_host, bind_host)
+
+
+def _serve_until_interrupted(started_cluster: bool) -> None:
+    """Keep the driver (and with it a cluster it started) alive until Ctrl-C or SIGTERM, then stop
+    what this command started."""
+    import signal
+
+    import ray
+    from ray import serve
+
+    def _stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _stop)
+    print("serving until Ctrl-C" + (" (this command runs the local Ray cluster; Ctrl-C stops it and the app)"
+                                    if started_cluster else ""), flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if started_cluster:
+            print("stopping the app and the local Ray cluster", flush=True)
+            serve.shutdown()
+            ray.shutdown()
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["serve_client", "stream_handle", "with_deployment_version"]
+__all__ = ["driver_started_cluster", "enable_token_auth", "serve_client", "stream_handle", "with_deployment_version"]
 
 
 def stream_handle(handle: Any, *, by_reference: bool, **options: Any) -> Any:
@@ -51,3 +51,33 @@ def serve_client() -> Any:
     from ray.serve.context import _get_global_client
 
     return _get_global_client(raise_if_no_controller_running=False)
+
+
+def driver_started_cluster() -> bool:
+    """Whether this process's ``ray.init()`` started the Ray cluster it is connected to (a local
+    cluster that stops when this process exits) rather than connecting to a running one.
+
+    Why private: ``ray.init()`` without an address connects to a cluster ``ray start`` left running
+    or starts a new one, and says which only in a log line; the driver's node object
+    (``ray._private.worker._global_node``) is a head node exactly when this process started it. The
+    deploy CLI stays in the foreground in that case, since its exit would stop the app it deployed.
+    """
+    import ray
+    from ray._private import worker
+
+    node = getattr(worker, "_global_node", None)
+    return bool(ray.is_initialized() and node is not None and node.head)
+
+
+def enable_token_auth() -> None:
+    """Switch this process (and the processes it starts) to Ray's token authentication mode:
+    ``RAY_AUTH_MODE=token`` plus a refresh of Ray's cached config.
+
+    Why private: Ray reads ``RAY_AUTH_MODE`` into its C++ config once, when ``ray`` is imported; a
+    driver that imported Ray before deciding (the deploy CLI imports Serve to validate the table
+    first) must refresh that config, which is what Ray's own
+    ``authentication_token_setup._enable_token_auth`` does for ``ray.init(address="auto")``.
+    """
+    from ray._private.authentication import authentication_token_setup
+
+    authentication_token_setup._enable_token_auth()

@@ -68,3 +68,58 @@ def model_dir(tmp_path: Path) -> Path:
     d.mkdir()
     (d / "config.json").write_text(json.dumps({"model_type": "qwen3_5"}))
     return d
+
+
+SIM_MODEL = "intern-s2-preview-8xh200"
+"""The simulator profile the Serve tests serve (a shipped profile: the simulated engine loads it by name)."""
+
+
+@pytest.fixture(scope="session")
+def write_sim_table():
+    """Writes a routing table of simulated engines through the real ``orchestrator.table.commit`` and
+    returns its path: ``buckets`` is ``[(name, max_output_len, EngineConfig), ...]``; the provenance
+    says SIMULATED. The tables the Serve, bad-input, security and deploy tests deploy."""
+    from orchestrator import table as routing
+    from orchestrator.fsutil import utc_now_iso
+
+    def write(path: Path, buckets, *, sweep_id: str, default_max_tokens: int = 16,
+              figures: dict | None = None) -> Path:
+        routing.commit({
+            "provenance": {"model": SIM_MODEL, "gpu_type": "none (simulated)", "gpu_count": 0, "sweep_id": sweep_id,
+                           "created_at": utc_now_iso(), "simulated": True},
+            "buckets": [{"name": name, "max_output_len": max_len, "config": cfg.to_dict(),
+                         "figures": dict(figures or {"output_throughput": 1000.0})}
+                        for name, max_len, cfg in buckets],
+            "default_max_tokens": default_max_tokens,
+        }, path)
+        return path
+
+    return write
+
+
+@pytest.fixture(scope="session")
+def serve_app():
+    """A context manager that runs one Serve app on a fresh local Ray cluster: ``ray.init`` (local,
+    ``num_cpus``), Serve's proxy on 127.0.0.1 at a free port, ``orchestrator.deploy.deploy(args)``;
+    yields the proxy's base URL and shuts Serve and Ray down on exit. Module fixtures of the Serve
+    tests use it (one cluster per module)."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def run(args: dict, *, app_name: str, num_cpus: int = 2, http_options: dict | None = None):
+        ray = pytest.importorskip("ray")
+        serve = pytest.importorskip("ray.serve")
+        from orchestrator.deploy import deploy
+        from orchestrator.ports import find_free_port
+
+        port = find_free_port()
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+        try:
+            serve.start(http_options={"host": "127.0.0.1", "port": port, **(http_options or {})})
+            deploy(args, app_name=app_name)
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            serve.shutdown()
+            ray.shutdown()
+
+    return run

@@ -74,14 +74,35 @@ def test_serve_context_still_has_get_global_client_with_the_flag_we_pass():
     assert params["raise_if_no_controller_running"].default is True  # we pass False: None instead of raising
 
 
+def test_ray_still_enables_token_auth_through_the_function_we_call():
+    from ray._private.authentication import authentication_token_setup as setup
+
+    assert _params(setup._enable_token_auth) == {}
+    assert setup.AUTH_MODE_ENV_VAR == "RAY_AUTH_MODE"
+    # what it does (read from its source: calling it would switch this test process to token mode)
+    source = inspect.getsource(setup._enable_token_auth)
+    assert "AUTH_MODE_ENV_VAR" in source and "Config.initialize" in source
+
+
+def test_a_driver_node_still_says_whether_it_is_the_head_it_started():
+    from ray._private import node, worker
+
+    assert {"head", "connect_only"} <= set(_params(node.Node.__init__))
+    assert "self.head = head" in inspect.getsource(node.Node.__init__)
+    assert hasattr(worker, "_global_node")
+    assert raycompat.driver_started_cluster() is False  # not connected: nothing started
+    # (True after a local ray.init: tests/test_deploy_cli.py's local deploy stays up because of it)
+
+
 def test_no_other_module_calls_a_private_ray_name():
-    """raycompat is the one place: no other module passes ``_by_reference=`` / ``_internal=`` or
-    imports ``_get_global_client`` (read from the code's syntax tree, so docstrings may name them)."""
+    """raycompat is the one place: no other module passes ``_by_reference=`` / ``_internal=``, imports
+    from ``ray._private`` or ``_get_global_client`` (read from the code's syntax tree, so docstrings may
+    name them)."""
     import ast
     import pathlib
 
     private_keywords = {"_by_reference", "_internal"}
-    private_names = {"_get_global_client"}
+    private_names = {"_get_global_client", "_global_node", "_enable_token_auth"}
     root = pathlib.Path(raycompat.__file__).parents[1]
     offenders = []
     for path in [p for d in ("orchestrator", "tuning") for p in (root / d).rglob("*.py")]:
@@ -89,6 +110,8 @@ def test_no_other_module_calls_a_private_ray_name():
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             used = ({k.arg for k in node.keywords} & private_keywords if isinstance(node, ast.Call) else set()) | (
+                {"ray._private"} if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ray._private")
+                else set()) | (
                 {a.name for a in node.names} & private_names if isinstance(node, ast.ImportFrom) else set()) | (
                 {node.attr} & private_names if isinstance(node, ast.Attribute) else set())
             offenders += [f"{path.relative_to(root)}:{node.lineno}: {name}" for name in used]

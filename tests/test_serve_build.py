@@ -96,6 +96,10 @@ def test_cli_writes_a_pinned_serve_config_and_refuses_bad_input(tmp_path, capsys
     assert "sk-secret-1" not in text
     args = yaml.safe_load(text)["applications"][0]["args"]
     assert args["scaling"]["le1024"]["max_replicas"] == 8 and len(args["api_key_sha256"]) == 1
+    assert yaml.safe_load(text)["http_options"]["host"] == "127.0.0.1"  # nothing public unless asked
+    public = tmp_path / "public.yaml"
+    assert deploy_main(["--routing-table", str(path), "--write-serve-config", str(public), "--http-host", "0.0.0.0"]) == 0
+    assert yaml.safe_load(public.read_text())["http_options"]["host"] == "0.0.0.0"
     # A changed table no longer matches the pin: the builder refuses instead of serving an unvetted table.
     _commit(path, [GPU, SIM])
     with pytest.raises(routing.RoutingTableError, match="regenerate"):
