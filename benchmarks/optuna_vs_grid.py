@@ -5,7 +5,7 @@ best config it has measured is within 3% of the grid's best for that bucket? Goa
 grid size.
 
 The searcher is set up exactly as :mod:`tuning.sweep` does it: the define-by-run
-:class:`~tuning.space.SearchSpace` (the default space of ``tuning/defaults.yaml`` on the ``sim``
+:class:`~tuning.sweep.space.SearchSpace` (the default space of ``tuning/defaults.yaml`` on the ``sim``
 backend), ``TPESampler(seed, multivariate=True, group=True, n_startup_trials)``, both baselines
 enqueued first, duplicates (same engine command) told to Optuna from the cache without counting as
 an evaluation. Every figure comes from the pure model
@@ -43,7 +43,7 @@ import yaml  # noqa: E402
 
 from orchestrator.sim import DEFAULT_PROFILE, SimModelError, load_profile, simulate_workload  # noqa: E402
 from tuning.buckets import make_buckets  # noqa: E402
-from tuning.space import SearchSpace  # noqa: E402
+from tuning.sweep.space import SearchSpace  # noqa: E402
 
 PROFILE = DEFAULT_PROFILE
 FAILED = 1e-3

@@ -12,9 +12,9 @@ import pytest
 
 from orchestrator.config import SHARED_GPU_HEADROOM, EngineConfig
 from orchestrator.errors import ConfigError
-from tuning.space import ROLE_STATIC
 from tuning.sweep import _parser, build_spec
-from tuning.trial import MEASURE, STARTUP, GpuLease, measure_lease, startup_lease
+from tuning.sweep.actors import MEASURE, STARTUP, GpuLease, measure_lease, startup_lease
+from tuning.sweep.space import ROLE_STATIC
 
 
 def test_gpu_request_is_tp_unless_a_tp1_engine_shares():
@@ -51,15 +51,15 @@ def test_shared_sweep_reserves_each_trials_fraction_and_runs_as_many_as_fit(tmp_
 def _search_alg(tmp_path, model_dir, *, share_gpu: bool):
     """The sweep's search generator for an 8-trial one-GPU sweep of small fractions, as Tune gets it
     (its searcher is the concurrency limiter Tune calls), and the spec it was built from."""
-    from tuning.budget import write_budget
-    from tuning.sweep import _build_search_alg
+    from tuning.sweep.budget import write_budget
+    from tuning.sweep.searcher import build_search_alg
 
     argv = ["--model", str(model_dir), "--tp", "1", "--memory-fraction", "0.05,0.1", "--max-concurrent-trials", "4",
             "--run-dir", str(tmp_path / "r"), *(["--share-gpu"] if share_gpu else [])]
     spec = build_spec(_parser().parse_args(argv), cluster_gpus=1)
     (tmp_path / "r").mkdir(exist_ok=True)
     write_budget(tmp_path / "r", num_trials=8, time_budget_s=None)
-    return spec, _build_search_alg(spec)
+    return spec, build_search_alg(spec)
 
 
 @pytest.mark.parametrize("share_gpu", [True, False])
@@ -68,7 +68,7 @@ def test_on_a_shared_gpu_the_baselines_start_before_any_search_trial(tmp_path, m
     search trial (GPU run 4: 9 minutes, then a call's deadline cut it). With ``--share-gpu`` the
     searcher suggests nothing while a baseline is suggested and not complete — also when it errored;
     without sharing every trial reserves the same and nothing is held back."""
-    from tuning.space import ROLE_MTP_OFF, ROLE_SEARCH
+    from tuning.sweep.space import ROLE_MTP_OFF, ROLE_SEARCH
 
     spec, generator = _search_alg(tmp_path, model_dir, share_gpu=share_gpu)
     assert spec.share_gpu is share_gpu
@@ -96,8 +96,8 @@ def test_a_resumed_shared_sweep_keeps_holding_a_baseline_that_tune_restarts(tmp_
     (through the search generator, as Tune does), so a static baseline cut by a call's limit and
     restarted is not overtaken by small search trials. A baseline that finished after the last save
     (the study has it, Tune's saved state not) holds nothing back: no resumed sweep waits forever."""
-    from tuning.space import ROLE_SEARCH
-    from tuning.sweep import _build_search_alg
+    from tuning.sweep.searcher import build_search_alg
+    from tuning.sweep.space import ROLE_SEARCH
 
     spec, generator = _search_alg(tmp_path, model_dir, share_gpu=True)
     searcher = generator.searcher
@@ -111,7 +111,7 @@ def test_a_resumed_shared_sweep_keeps_holding_a_baseline_that_tune_restarts(tmp_
     if finished_after_save:
         searcher.on_trial_complete("t2", {"score": 2.0, "engine_key": "b"})
 
-    resumed = _build_search_alg(spec)  # same run dir, same study
+    resumed = build_search_alg(spec)  # same run dir, same study
     resumed.restore_from_dir(str(saved))
     searcher = resumed.searcher
     if not finished_after_save:
@@ -368,7 +368,7 @@ def test_measure_config_starts_under_the_startup_guard_and_measures_under_the_ot
     engine stops inside the measurement's hold, so no neighbour measures or starts beside its teardown."""
     import orchestrator.engine
     from orchestrator.errors import EngineError
-    from tuning.trial import measure_config
+    from tuning.sweep.measure import measure_config
 
     events: list[str] = []
 

@@ -32,9 +32,9 @@ import pytest
 from orchestrator import table as routing
 from orchestrator.fsutil import utc_now_iso
 from tuning.buckets import make_buckets
-from tuning.space import ROLE_MTP_OFF, ROLE_STATIC, NamedPoint, SearchSpace
+from tuning.sweep.space import ROLE_MTP_OFF, ROLE_STATIC, NamedPoint, SearchSpace
 from tuning.sweep import SweepSpec, run_sweep
-from tuning.trial import reported_trial_ids
+from tuning.sweep.records import reported_trial_ids
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = "intern-s2-preview-8xh200"

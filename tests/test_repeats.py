@@ -7,8 +7,8 @@ import pytest
 from orchestrator.config import EngineConfig
 from tuning.buckets import make_buckets
 from tuning.results import figure_columns, rows_for_trial
-from tuning.space import ROLE_SEARCH
-from tuning.trial import measure_config, representative_run
+from tuning.sweep.measure import MeasurePlan, measure_config, representative_run
+from tuning.sweep.space import ROLE_SEARCH
 
 
 def _run(tput: float, failed: int = 0) -> dict:
@@ -40,8 +40,8 @@ def test_a_simulated_engine_is_measured_twice_per_bucket(tmp_path):
     cfg = EngineConfig(backend="sim", model="intern-s2-preview-8xh200", tp=8, speculative_algorithm="qwen3_5_mtp",
                        num_draft_tokens=3, extra_flags=("--startup-delay", "0"))
     buckets = make_buckets([128, 512], input_len=128, concurrency_levels=(8,), num_prompts=16)
-    measurements, failure, startup_s = measure_config(cfg, buckets, log_dir=tmp_path, sim_time_scale=50.0,
-                                                      steady_state=None, repeats=2)
+    plan = MeasurePlan(time_scale=50.0, steady_state=None, repeats=2)
+    measurements, failure, startup_s = measure_config(cfg, buckets, plan, log_dir=tmp_path)
     assert failure == "" and startup_s is not None
     rows = rows_for_trial(sweep_id="s", trial_id="t", role=ROLE_SEARCH, config=cfg, buckets=buckets,
                           measurements=measurements, failure=failure, engine_startup_s=startup_s)
@@ -61,7 +61,12 @@ def test_repeats_flag_reaches_the_trials_and_old_runs_still_load(tmp_path):
 
     argv = ["--run-dir", str(tmp_path / "r"), "--sim-profile", "intern-s2-preview-8xh200"]
     spec = build_spec(_parser().parse_args([*argv, "--repeats", "3"]), cluster_gpus=0)
-    assert spec.repeats == 3 and spec.trial_context(None, None).repeats == 3
+    assert spec.repeats == 3 and spec.trial_context(None, None).plan.repeats == 3
+    # The measurement settings travel whole, as one plan, from the spec to the trial.
+    assert spec.trial_context(None, None).plan == spec.measure_plan() == MeasurePlan(
+        time_scale=spec.sim_time_scale, steady_state=spec.steady_state,
+        steady_state_min_output_len=spec.steady_state_min_output_len, ready_timeout_s=spec.ready_timeout_s,
+        request_timeout_s=spec.request_timeout_s, tokenizer=None, repeats=3, burn_in=False)
     assert SweepSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
     old = {k: v for k, v in spec.to_dict().items() if k != "repeats"}  # a sweep.json from before the flag
     assert SweepSpec.from_dict(old).repeats == 1
@@ -72,40 +77,61 @@ def test_repeats_flag_reaches_the_trials_and_old_runs_still_load(tmp_path):
 
 # ----- a trial restarted after its result was recorded ------------------------------------------------
 def test_a_reported_trial_is_kept_in_the_run_dir(tmp_path):
-    from tuning.trial import _save_reported, reported_metrics
+    from tuning.sweep.records import ResultRow, TrialReport
 
-    assert reported_metrics(tmp_path, "t1") is None
-    metrics = {"score": 8.5, "tput_le256": 4961.4, "status": "ok", "rows": [{"bucket": "le256", "x": None}]}
-    _save_reported(tmp_path, "t1", metrics)
-    assert reported_metrics(tmp_path, "t1") == metrics
+    assert TrialReport.load(tmp_path, "t1") is None
+    rows = [ResultRow(sweep_id="s", trial_id="t1", role=ROLE_SEARCH, status="ok", bucket="le256", primary_load=True,
+                      output_throughput=4961.4, workload=None)]
+    report = TrialReport.build(rows, make_buckets([256], input_len=128, concurrency_levels=(8,), num_prompts=8),
+                               status="ok", failure="", role=ROLE_SEARCH, engine_key="k", engine_label="l",
+                               cached=False, engine_started=True)
+    metrics = report.metrics()
+    assert metrics["tput_le256"] == 4961.4 and "rows" not in metrics  # Tune gets figures, not rows
+    report.save(tmp_path, "t1")
+    assert TrialReport.load(tmp_path, "t1") == report
     (tmp_path / "trial-results" / "t2.json").write_text("{truncated")
-    assert reported_metrics(tmp_path, "t2") is None  # not a report: the trial runs
+    assert TrialReport.load(tmp_path, "t2") is None  # not a report: the trial runs
+
+
+def test_a_run_dir_from_before_typed_rows_still_loads(tmp_path):
+    """Committed run dirs (benchmarks/results/*/trial-results) keep their rows as one JSON string."""
+    import json
+
+    from tuning.sweep.records import TrialReport
+
+    row = {"sweep_id": "s", "trial_id": "t1", "role": "search", "status": "ok", "bucket": "le256",
+           "primary_load": True, "output_throughput": 10.0, "gpu_type": "NVIDIA H200"}
+    old = {"status": "ok", "failure_reason": "", "role": "search", "cached": False, "engine_key": "k",
+           "engine_label": "l", "engine_starts": 1, "rows_json": json.dumps([row]), "tput_le256": 10.0, "score": 2.3}
+    (tmp_path / "trial-results").mkdir()
+    (tmp_path / "trial-results" / "t1.json").write_text(json.dumps(old))
+    loaded = TrialReport.load(tmp_path, "t1")
+    assert loaded.rows[0].gpu_type == "NVIDIA H200" and loaded.bucket_throughput == {"le256": 10.0}
+    assert loaded.metrics()["score"] == 2.3
 
 
 def test_the_searcher_is_not_told_twice_about_a_trial_the_study_has_finished(tmp_path):
     """Optuna commits at once, Tune's experiment state every few seconds: a resumed sweep can restart
     a trial whose Optuna trial is finished. Re-reporting it must not crash the sweep."""
     import optuna
-    from ray.tune.search.optuna import OptunaSearch
 
-    from tuning.space import SearchSpace
-    from tuning.sweep import _make_searchers, write_budget
+    from tuning.sweep.budget import write_budget
+    from tuning.sweep.searcher import BudgetedSearch
+    from tuning.sweep.space import SearchSpace
 
     space = SearchSpace(engine="sim", model="intern-s2-preview-8xh200", tp=8, memory_fraction=(0.8,),
                         max_batch_size=(64,))
-    study_storage = optuna.storages.InMemoryStorage()
-    inner = OptunaSearch(space=space, metric="score", mode="max", storage=study_storage, study_name="s",
-                         sampler=optuna.samplers.RandomSampler(seed=0))
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage(), study_name="s", direction="maximize",
+                                sampler=optuna.samplers.RandomSampler(seed=0))
     write_budget(tmp_path, num_trials=4, time_budget_s=None)
-    BudgetedSearch, _ = _make_searchers()
-    searcher = BudgetedSearch(inner, str(tmp_path / "budget.json"), space)
+    searcher = BudgetedSearch(study, space, tmp_path / "budget.json", metric="score", mode="max")
     config = searcher.suggest("t1")
     assert config is not None and "speculative" in config
-    inner._ot_study.tell(inner._ot_trials["t1"], 1.0)  # recorded before the driver died
+    study.tell(searcher.trial_numbers["t1"], 1.0)  # recorded before the driver died
     result = {"score": 1.0, "engine_key": "k", "training_iteration": 1}  # as Tune passes it
     searcher.on_trial_result("t1", result)
     searcher.on_trial_complete("t1", result)
-    assert [t.state for t in inner._ot_study.trials] == [optuna.trial.TrialState.COMPLETE]
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE]
     assert searcher.known == {"k": {"score": 1.0}}
 
 
@@ -117,7 +143,7 @@ def test_the_burn_in_runs_the_first_bucket_once_more_unmeasured(tmp_path):
 
     from orchestrator.engine import EngineProcess
     from orchestrator.serve.metrics import parse_prometheus_text
-    from tuning.trial import _measure_buckets
+    from tuning.sweep.measure import measure_buckets
 
     cfg = EngineConfig(backend="sim", model="intern-s2-preview-8xh200", tp=8, extra_flags=("--startup-delay", "0"))
     buckets = make_buckets([128, 512], input_len=128, concurrency_levels=(8,), num_prompts=12)
@@ -132,9 +158,8 @@ def test_the_burn_in_runs_the_first_bucket_once_more_unmeasured(tmp_path):
         deltas = {}
         for burn_in in (False, True):
             before, measurements = served(), {}
-            failure = _measure_buckets(engine, cfg, buckets, rule=None, measurements=measurements,
-                                       steady_state_min_output_len=4096, request_timeout_s=60, tokenizer=None,
-                                       burn_in=burn_in)
+            plan = MeasurePlan(steady_state=None, request_timeout_s=60, burn_in=burn_in)
+            failure = measure_buckets(engine, cfg, buckets, plan, measurements=measurements)
             assert failure == "" and sorted(measurements) == [("le128", 8), ("le512", 8)]
             assert all(m["completed"] == 12 for m in measurements.values())
             deltas[burn_in] = served() - before
@@ -154,6 +179,6 @@ def test_burn_in_is_on_for_real_engines_and_can_be_turned_off(tmp_path, model_di
     def spec(*argv):
         return build_spec(_parser().parse_args([*argv, "--run-dir", run_dir]), cluster_gpus=8)
 
-    assert spec("--model", str(model)).trial_context(None, None).burn_in is True
-    assert spec("--model", str(model), "--no-burn-in").trial_context(None, None).burn_in is False
-    assert spec().trial_context(None, None).burn_in is False  # the simulator has nothing to burn in
+    assert spec("--model", str(model)).trial_context(None, None).plan.burn_in is True
+    assert spec("--model", str(model), "--no-burn-in").trial_context(None, None).plan.burn_in is False
+    assert spec().trial_context(None, None).plan.burn_in is False  # the simulator has nothing to burn in

@@ -21,7 +21,7 @@ from tuning.buckets import make_buckets
 from tuning.results import commit_table, failed_rows, pick_best, results_frame, rows_for_trial, write_results
 from orchestrator.fsutil import utc_now_iso
 from orchestrator.table import Provenance
-from tuning.space import ROLE_MTP_OFF, ROLE_SEARCH, ROLE_STATIC
+from tuning.sweep.space import ROLE_MTP_OFF, ROLE_SEARCH, ROLE_STATIC
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = "intern-s2-preview-8xh200"

@@ -19,7 +19,7 @@ from tuning.results import (
     write_results,
 )
 from orchestrator.table import Provenance
-from tuning.space import ROLE_MTP_OFF, ROLE_SEARCH, ROLE_STATIC
+from tuning.sweep.space import ROLE_MTP_OFF, ROLE_SEARCH, ROLE_STATIC
 
 BUCKETS = make_buckets((1024, 16384), concurrency_levels=(64, 128), num_prompts=64)
 PROV = Provenance(model="intern-s2-preview-8xh200", gpu_type="none (simulated)", gpu_count=0, sweep_id="t",

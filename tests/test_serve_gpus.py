@@ -15,7 +15,7 @@ from orchestrator import table as routing
 from tuning.buckets import make_buckets
 from tuning.results import IncompleteResultsError, pick_best, results_frame, rows_for_trial
 from orchestrator.table import GpuBudget, Provenance
-from tuning.space import ROLE_MTP_OFF, ROLE_SEARCH, ROLE_STATIC
+from tuning.sweep.space import ROLE_MTP_OFF, ROLE_SEARCH, ROLE_STATIC
 
 
 # ----- the packing rule ----------------------------------------------------------------------------------

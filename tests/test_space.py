@@ -7,7 +7,7 @@ import pytest
 from orchestrator.config import Backend
 from orchestrator.errors import ConfigError
 from tuning.buckets import make_buckets
-from tuning.space import (
+from tuning.sweep.space import (
     ROLE_MTP_OFF,
     ROLE_SEARCH,
     ROLE_STATIC,

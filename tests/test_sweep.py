@@ -12,8 +12,8 @@ import pytest
 
 from orchestrator import table as routing
 from tuning.buckets import make_buckets
-from tuning.space import ROLE_MTP_OFF, ROLE_STATIC, NamedPoint, SearchSpace
 from tuning.sweep import SweepSpec, run_sweep
+from tuning.sweep.space import ROLE_MTP_OFF, ROLE_STATIC, NamedPoint, SearchSpace
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = "intern-s2-preview-8xh200"
@@ -71,13 +71,64 @@ def test_tiny_sweep_picks_per_bucket_best_and_survives_a_crash(tmp_path):
     assert table.bucket("le4096").gains["mtp_off"] > 0
 
     # The summary's mixed-workload line: buckets that disagree make the table beat every single config.
-    from tuning.mixed import bucket_prompts, bucket_tokens, per_config_throughput, predict
+    from tuning.mixed import (
+        bucket_prompts,
+        bucket_tokens,
+        per_config_throughput,
+        predict,
+    )
     from tuning.sweep import mixed_line
 
     pred = predict(per_config_throughput(df), bucket_tokens(df, bucket_prompts(spec.buckets)))
     assert pred.ratio > 1.0 and len(pred.singles) == 4  # the crashed config measured nothing
     line = mixed_line(table, df)
     assert f"{pred.ratio:.2f}x" in line and "predicted" in line, line
+
+    _the_printed_next_commands_work(out, tmp_path)
+
+
+def _summary_text(outcome) -> str:
+    import io
+
+    from rich.console import Console
+
+    from tuning.sweep import print_summary
+
+    buf = io.StringIO()
+    print_summary(outcome, console=Console(file=buf, width=400, color_system=None))
+    return buf.getvalue()
+
+
+def _the_printed_next_commands_work(out, tmp_path: Path) -> None:
+    """The summary ends with the next commands, and each one runs as printed: deploy's own CLI
+    accepts the table (written as a Serve config, no cluster needed), the report is written from the
+    run dir, and the study URL opens the sweep's study with its trials."""
+    import shlex
+
+    import optuna
+
+    from orchestrator import deploy
+    from tuning import report
+
+    text = _summary_text(out)
+    commands = dict(line.strip().split(":", 1) for line in text[text.index("next:"):].splitlines()[1:] if line.strip())
+    assert set(commands) == {"deploy table", "open report", "open study"}, text
+    deploy_argv = shlex.split(commands["deploy table"])
+    assert deploy_argv[:4] == ["python", "-m", "orchestrator.deploy", "--routing-table"]
+    assert Path(deploy_argv[4]) == out.table_path and "--sim-time-scale" in deploy_argv  # a simulated table
+    serve_config = tmp_path / "serve.yaml"
+    assert deploy.main([*deploy_argv[3:], "--write-serve-config", str(serve_config)]) == 0
+    assert serve_config.exists()
+
+    report_argv = shlex.split(commands["open report"])
+    assert report_argv[:3] == ["python", "-m", "tuning.report"]
+    assert report.main(report_argv[3:]) == 0
+    assert (Path(out.spec.run_dir) / "report").is_dir()
+
+    dashboard = shlex.split(commands["open study"])
+    assert dashboard[0] == "optuna-dashboard"
+    (study,) = optuna.get_all_study_summaries(storage=dashboard[1])
+    assert study.n_trials >= out.results.trial_id.nunique()
 
 
 def test_resume_continues_without_rerunning(tmp_path):
@@ -138,6 +189,10 @@ def test_incomplete_sweep_keeps_the_previous_table(tmp_path):
     assert good.read_text() == before
     assert not (Path(bad_spec.run_dir) / "routing_table.json").exists()
     assert (pd.read_csv(Path(bad_spec.run_dir) / "results.csv").status == "failed").all()
+    # No table: the summary offers no deploy command, only the report and the study.
+    text = _summary_text(out)
+    next_part = text[text.index("next:"):]
+    assert "orchestrator.deploy" not in next_part and "tuning.report" in next_part and "optuna-dashboard" in next_part
     # A corrupt table is refused by commit, and the good one stays.
     corrupt = json.loads(before)
     corrupt["buckets"][0]["config"]["memory_fraction"] = 7
@@ -208,7 +263,7 @@ def test_the_tables_gpu_and_lmdeploy_version_come_from_the_rows_the_trials_measu
     assert (measured.gpu_type, measured.gpu_count) == ("NVIDIA H200", 1)
     assert measured.engine_versions["lmdeploy"] == "0.18.0"
     # Without such rows it can only say what this machine has.
-    from tuning.trial import detect_gpus
+    from orchestrator.hostinfo import detect_gpus
 
     here = provenance_for(spec, pd.DataFrame([{"status": "ok", "output_throughput": 1.0}]))
     assert here.gpu_type == detect_gpus()[0]
@@ -218,7 +273,7 @@ def test_a_real_trial_records_the_cpus_it_was_pinned_to_and_the_host_cpu():
     """A small model's engine is CPU-bound, so a GPU trial's rows say which CPU model and how many
     CPUs the trial (and the engine it starts) could use: a ``taskset`` pinning shows up there."""
     cpu = min(os.sched_getaffinity(0))
-    out = subprocess.run([sys.executable, "-c", "import json; from tuning.trial import measured_on; "
+    out = subprocess.run([sys.executable, "-c", "import json; from orchestrator.hostinfo import measured_on; "
                           "print(json.dumps(measured_on()))"], cwd=Path(__file__).parents[1], capture_output=True,
                          text=True, check=True, preexec_fn=lambda: os.sched_setaffinity(0, {cpu})).stdout
     facts = json.loads(out)
@@ -253,3 +308,39 @@ def test_a_moved_run_dir_resumes_where_it_is_now(tmp_path):
     assert (out.results.status == "ok").all()
     assert routing.load(new / "routing_table.json").provenance.sweep_id == "moved"
     assert not old.exists()
+
+
+def test_a_resumed_search_generator_asks_the_searcher_again(tmp_path):
+    """Tune saves "finished" in its search generator's state once the budget was spent; a resumed sweep
+    with a larger budget must ask again. Relies on the key ``SearchGenerator.get_state`` writes: a Ray
+    that renames it fails here."""
+    from ray.tune.search import SearchGenerator
+
+    from tuning.sweep import _parser, build_spec
+    from tuning.sweep.budget import write_budget
+    from tuning.sweep.searcher import build_search_alg
+
+    spec = build_spec(_parser().parse_args(["--run-dir", str(tmp_path / "r")]), cluster_gpus=0)
+    Path(spec.run_dir).mkdir(parents=True)
+    write_budget(spec.run_dir, num_trials=1, time_budget_s=None)
+    generator = build_search_alg(spec)
+    generator.searcher.set_search_properties("score", "max", {})
+    assert generator.searcher.suggest("t1") is not None
+    assert generator.searcher.suggest("t2") == generator.searcher.FINISHED  # the budget: 1 trial
+    assert "finished" in generator.get_state()
+    state = {**generator.get_state(), "finished": True}  # as Tune saved it once the searcher said so
+    plain = SearchGenerator(generator.searcher)
+    plain.set_state(state)
+    assert plain.get_state()["finished"] is True  # what Tune's own generator would restore
+    resumed = build_search_alg(spec)
+    resumed.set_state(state)
+    assert resumed.get_state()["finished"] is False
+
+
+def test_host_facts_and_versions_have_one_home():
+    import optuna
+
+    from orchestrator.hostinfo import package_versions
+
+    assert package_versions(["optuna", "no-such-distribution-x"]) == {"optuna": optuna.__version__}
+

@@ -39,7 +39,7 @@ from orchestrator.errors import OrchestratorError
 from orchestrator import table as routing
 from tuning.results import STATUS_FAILED, successful_primary_rows
 from orchestrator.table import RoutingTable, RoutingTableError
-from tuning.space import BASELINE_ROLES, ROLE_MTP_OFF, ROLE_STATIC
+from tuning.sweep.space import BASELINE_ROLES, ROLE_MTP_OFF, ROLE_STATIC
 
 if TYPE_CHECKING:  # matplotlib is imported lazily; figures are built without pyplot, so no GUI backend
     from matplotlib.figure import Figure

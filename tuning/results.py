@@ -30,7 +30,7 @@ from orchestrator.table import (
     RoutingTable,
     RoutingTableError,
 )
-from tuning.space import BASELINE_ROLES, ROLE_MTP_OFF, ROLE_STATIC
+from tuning.sweep.space import BASELINE_ROLES, ROLE_MTP_OFF, ROLE_STATIC
 
 __all__ = [
     "BUDGET_CANDIDATES",
@@ -181,9 +181,10 @@ def failed_rows(*, sweep_id: str, trial_id: str, role: str, config: EngineConfig
                           measurements={}, failure=reason)
 
 
-def results_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
-    """Rows -> DataFrame with every :data:`ROW_COLUMNS` column, in that order (extra columns after)."""
-    df = pd.DataFrame(list(rows))
+def results_frame(rows: Iterable[Any]) -> pd.DataFrame:
+    """Rows -> DataFrame with every :data:`ROW_COLUMNS` column, in that order (extra columns after).
+    A row is a mapping, or a typed row with ``to_dict()`` (:class:`tuning.sweep.records.ResultRow`)."""
+    df = pd.DataFrame([r.to_dict() if hasattr(r, "to_dict") else dict(r) for r in rows])
     for col in ROW_COLUMNS:
         if col not in df.columns:
             df[col] = None

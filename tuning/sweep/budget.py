@@ -16,16 +16,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from orchestrator.errors import OrchestratorError
 from orchestrator.fsutil import atomic_write_text
+
+__all__ = ["BUDGET_FILE", "TimeBudgetSpent", "check_time_budget", "read_budget", "time_budget_spent", "write_budget"]
 
 BUDGET_FILE = "budget.json"
 
 
-class TimeBudgetSpent(RuntimeError):
+class TimeBudgetSpent(OrchestratorError):
     """A trial got its resources after the sweep's time budget ran out and did not start its engine.
 
     Raised out of the trial, so Tune records the trial as errored: it has no result, and a resumed
-    sweep (``--resume``, which restarts errored trials) runs it under the new budget."""
+    sweep (``--resume``, which restarts errored trials) runs it under the new budget. Code that turns
+    other project errors into a failed trial's result lets this one through."""
 
 
 def write_budget(run_dir: str | Path, *, num_trials: int | None, time_budget_s: float | None) -> dict[str, Any]:

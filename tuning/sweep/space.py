@@ -39,14 +39,19 @@ from typing import Any
 
 import yaml
 
-from orchestrator.config import MAX_DRAFT_TOKENS, Backend, EngineConfig, SpeculativeAlgorithm
+from orchestrator.config import (
+    MAX_DRAFT_TOKENS,
+    Backend,
+    EngineConfig,
+    SpeculativeAlgorithm,
+)
 from orchestrator.errors import ConfigError
 
 __all__ = [
-    "ROLE_SEARCH",
-    "ROLE_MTP_OFF",
-    "ROLE_STATIC",
     "BASELINE_ROLES",
+    "ROLE_MTP_OFF",
+    "ROLE_SEARCH",
+    "ROLE_STATIC",
     "NamedPoint",
     "SearchSpace",
     "from_sglang",
@@ -309,7 +314,7 @@ class SearchSpace:
 
     # ----- Optuna define-by-run ------------------------------------------------------------------------
     def __call__(self, trial: Any) -> dict[str, Any] | None:
-        """Define-by-run space for ``OptunaSearch(space=...)``: suggests only the knobs that apply.
+        """Define-by-run space for an Optuna trial (:mod:`tuning.sweep.searcher`): suggests only the knobs that apply.
 
         Returns the named point's constants (``role``, ``extra_flags``) from the trial's user
         attributes, so a baseline or fault-test point keeps its tag in the Tune trial config.

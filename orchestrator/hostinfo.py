@@ -1,0 +1,76 @@
+"""Facts about this host and its software, as recorded beside measured figures (one copy of each probe).
+
+A figure means little without where it was taken: which GPU and how many, which LMDeploy, and — a
+small model's engine being CPU-bound — which host CPU and how many cores the process may use. The
+sweep's trials record these on the node that measured; the routing table's provenance and the GPU
+scripts read them from here too.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterable
+from importlib import metadata
+
+__all__ = ["cpu_model", "cpus_available", "detect_gpus", "measured_on", "package_version", "package_versions"]
+
+
+def package_version(name: str) -> str | None:
+    """The installed version of distribution ``name``, or ``None`` when it is not installed."""
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def package_versions(names: Iterable[str]) -> dict[str, str]:
+    """``{name: version}`` for the installed ones of ``names`` (absent ones are left out)."""
+    return {n: v for n in names if (v := package_version(n)) is not None}
+
+
+def cpu_model() -> str | None:
+    """The host CPU's model name (``/proc/cpuinfo``), or ``None`` where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    except OSError:
+        return None
+
+
+def cpus_available() -> int:
+    """The CPUs this process may run on (its affinity mask: a ``taskset`` pinning shows here)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def detect_gpus() -> tuple[str, int]:
+    """(GPU type, count) of this node: nvidia-smi, else torch, else ``("none", 0)``."""
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                 text=True, timeout=20, check=True).stdout.strip().splitlines()
+            if out:
+                return out[0].strip(), len(out)
+        except (OSError, subprocess.SubprocessError):
+            pass
+    try:
+        import torch  # type: ignore[import-not-found]
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(0), torch.cuda.device_count()
+    except Exception:  # noqa: BLE001 - torch absent or broken: no GPU info
+        pass
+    return "none", 0
+
+
+def measured_on() -> dict[str, str | int | None]:
+    """What a real engine is measured on, from the node that measures it: GPU type, LMDeploy version,
+    host CPU model and the CPUs this process may use. The CPU facts are there because a small
+    model's engine is CPU-bound: the same configs measured 1.5x apart on two H200 hosts, and the
+    host CPU and core count are the first thing to compare."""
+    gpu_type, count = detect_gpus()
+    return {"gpu_type": gpu_type if count else None, "lmdeploy_version": package_version("lmdeploy"),
+            "cpu_model": cpu_model(), "cpus": cpus_available()}

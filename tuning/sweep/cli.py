@@ -1,0 +1,179 @@
+"""``python -m tuning.sweep``: search engine configs per output-length bucket with Ray Tune + Optuna,
+measure the baselines under the same workloads, and commit a routing table.
+
+Without arguments it sweeps the simulated engine (calibrated profile
+:data:`orchestrator.sim.model.DEFAULT_PROFILE`) on a local Ray; every figure is labelled SIMULATED.
+``--model PATH`` sweeps LMDeploy on the GPUs of the Ray cluster (``--address`` to join one).
+
+Objective (``--objective``). The default is ``scalar``: the mean over buckets of ``log(output
+throughput)``, which ranks trials exactly like the mean of ``log(throughput / MTP-off baseline)`` (the
+baseline is a per-bucket constant), so it needs no baseline at trial time. The routing table takes
+each bucket's best from *all* measured trials whichever objective guided the search; the objective
+only decides where TPE looks next. ``benchmarks/optuna_vs_grid.py`` compares both on the simulator:
+multi-objective TPE spreads its trials along a Pareto front of four highly correlated objectives,
+while the scalar concentrates TPE on the draft axis that separates the buckets, and reaches every
+bucket's best in fewer configs. So ``scalar`` is the default; ``multi`` is available.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from orchestrator.errors import OrchestratorError
+from orchestrator.sim.model import DEFAULT_PROFILE
+from tuning.sweep.budget import BUDGET_FILE, read_budget
+from tuning.sweep.spec import (
+    GPU_WARMUP_REQUESTS,
+    SweepError,
+    build_spec,
+    load_defaults,
+    resumed_spec,
+    short_measurement_warnings,
+)
+
+__all__ = ["main", "parser"]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m tuning.sweep",
+        description="Search LMDeploy MTP engine configs per output-length bucket (Ray Tune + Optuna TPE), "
+                    "measure the MTP-off and static-recommendation baselines under the same workloads, and "
+                    "commit a routing table. With no arguments: a SIMULATED sweep of the calibrated profile "
+                    f"{DEFAULT_PROFILE} on a local Ray (a few minutes on 2 CPU cores, no GPU).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", help="checkpoint path or hub id: sweep LMDeploy on GPUs (omit for the simulator)")
+    g.add_argument("--sim-profile", help=f"simulator profile name or JSON path (no --model); default {DEFAULT_PROFILE}")
+    g.add_argument("--sim-time-scale", type=float, help="simulator speed-up (figures stay in simulated time); "
+                   "default from defaults.yaml")
+    g.add_argument("--tp", type=int, help="tensor-parallel degree = GPUs per trial (default 8)")
+    g.add_argument("--session-len", type=int, help="--session-len for every engine")
+    g.add_argument("--tokenizer", help="tokenizer path for LMDeploy workloads (default: --model)")
+    s = p.add_argument_group("search space (narrow/widen the defaults)")
+    s.add_argument("--space", help="YAML file with knobs: speculative, num_draft_tokens, memory_fraction, "
+                   "max_batch_size, off_backends (lists, or {low, high, step})")
+    s.add_argument("--speculative", type=lambda v: [x.strip() for x in v.split(",")],
+                   help="MTP switch values, e.g. 'true' or 'false,true'")
+    s.add_argument("--num-draft-tokens", type=_int_list, help="LMDeploy draft tokens, e.g. 1,2,3,4 "
+                   "(sglang steps=k / draft tokens=k+1 is LMDeploy k)")
+    s.add_argument("--memory-fraction", type=_float_list, help="--cache-max-entry-count values, e.g. 0.7,0.8,0.9")
+    s.add_argument("--max-batch-size", type=_int_list, help="--max-batch-size values, e.g. 64,128,256")
+    s.add_argument("--backends", type=lambda v: v.split(","), help="backends tried with MTP off (pytorch,turbomind)")
+    w = p.add_argument_group("workloads")
+    w.add_argument("--buckets", help="output-length bucket bounds, e.g. 1024,4096,8192,16384")
+    w.add_argument("--concurrency", help="concurrency levels per bucket, primary first, e.g. 64,128")
+    w.add_argument("--num-prompts", type=int, help="prompts per bucket (default per bucket from defaults.yaml)")
+    w.add_argument("--dataset", choices=["random", "sharegpt"], help="dataset (default random)")
+    w.add_argument("--dataset-path", help="ShareGPT JSON for --dataset sharegpt")
+    w.add_argument("--warmup-requests", type=int, help="requests sent to each bucket's engine before measuring, "
+                   f"not counted (default {GPU_WARMUP_REQUESTS} with --model: a fresh LMDeploy engine's first batches "
+                   "pay one-time kernel set-up; 0 on the simulator)")
+    w.add_argument("--no-burn-in", action="store_true",
+                   help="with --model, do not run the first bucket once unmeasured before measuring (a fresh "
+                        "LMDeploy engine's first full-load run was the slower one on 7 of 7 H200 engines)")
+    w.add_argument("--repeats", type=int, metavar="R", help="runs of each bucket on the same engine (default 1); "
+                   "the lower-median run counts, every run's throughput and their spread go to results.csv "
+                   "(tells run-to-run noise from engine-to-engine differences)")
+    w.add_argument("--no-early-stop", action="store_true", help="run every request to completion (no "
+                   "steady-state early stop)")
+    r = p.add_argument_group("search and budgets")
+    r.add_argument("--num-trials", type=int, help="trials in total, baselines included (default from defaults.yaml)")
+    r.add_argument("--time-budget-s", type=float, help="no new trial starts after this many seconds (running "
+                   "trials finish)")
+    r.add_argument("--objective", choices=["scalar", "multi"], help="scalar: mean log throughput over buckets; "
+                   "multi: one objective per bucket (multi-objective TPE)")
+    r.add_argument("--seed", type=int, help="TPE seed")
+    r.add_argument("--max-concurrent-trials", type=int, help="parallel trials (default: cluster GPUs // tp; "
+                   "simulator: up to 2 per the CPUs)")
+    r.add_argument("--share-gpu", action="store_true", help="tp=1 engines share a GPU while their memory "
+                   "fractions fit (each reserves fraction + 0.1 of it); they start side by side but are measured "
+                   "one at a time per GPU. For models far smaller than the GPU (test checkpoints)")
+    r.add_argument("--serve-gpus", type=int, metavar="N", help="the committed table must be servable on N GPUs "
+                   "(one replica per engine; with --share-gpu tp=1 engines reserve fraction + 0.1 each): the best "
+                   "config per bucket if that fits, else the fitting mix of each bucket's top configs with the best "
+                   "mean log throughput. Default: no limit (the summary says how many GPUs the table needs)")
+    r.add_argument("--max-tpot-ms", type=float, help="a bucket's chosen config must have median TPOT <= this")
+    r.add_argument("--max-ttft-ms", type=float, help="a bucket's chosen config must have median TTFT <= this")
+    o = p.add_argument_group("where")
+    o.add_argument("--run-dir", help="folder for everything (default runs/<sweep id>/)")
+    o.add_argument("--sweep-id", help="sweep id (default sweep-<date>-<random>)")
+    o.add_argument("--routing-table", help="commit the routing table here too (default <run-dir>/routing_table.json)")
+    o.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted sweep in RUN_DIR (same study, "
+                   "no finished trial re-run); --num-trials / --time-budget-s set the new budget")
+    o.add_argument("--address", help="join this Ray cluster (e.g. 'auto' or ray://host:10001) instead of a local Ray")
+    o.add_argument("--num-cpus", type=int, help="CPUs for the local Ray (default: all)")
+    o.add_argument("--no-live", action="store_true", help="no live progress display")
+    return p
+
+
+def _int_list(v: str) -> list[int]:
+    return [int(x) for x in v.split(",") if x.strip()]
+
+
+def _float_list(v: str) -> list[float]:
+    return [float(x) for x in v.split(",") if x.strip()]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    import ray
+
+    defaults = load_defaults()
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "0")
+    if not ray.is_initialized():
+        if args.address:
+            ray.init(address=args.address, log_to_driver=False)
+        else:
+            ray.init(address="local", num_cpus=args.num_cpus or os.cpu_count() or 2, include_dashboard=False, log_to_driver=False,
+                     configure_logging=True, logging_level=logging.WARNING)
+    cluster = ray.cluster_resources()
+    try:
+        if args.resume:
+            spec = resumed_spec(args.resume, serve_gpus=args.serve_gpus)
+            budget = read_budget(Path(args.resume) / BUDGET_FILE)
+            num_trials = args.num_trials or budget.get("num_trials")
+            resume = True
+        else:
+            spec = build_spec(args, defaults, cluster_gpus=int(cluster.get("GPU", 0)),
+                              cluster_cpus=int(cluster.get("CPU", 2)))
+            sweep_cfg = {**defaults.get("sweep", {}), **(defaults.get("sim", {}).get("sweep", {}) if not args.model else {})}
+            num_trials = args.num_trials or int(sweep_cfg.get("num_trials", 40))
+            resume = False
+        if not spec.simulated and int(cluster.get("GPU", 0)) < spec.space.tp:
+            raise SweepError(f"the Ray cluster has {int(cluster.get('GPU', 0))} GPUs but a trial needs tp={spec.space.tp}; "
+                             "join a GPU cluster with --address, lower --tp, or omit --model for the simulator")
+        from rich.console import Console
+
+        console = Console()
+        label = "[bold yellow]SIMULATED[/] " if spec.simulated else ""
+        console.print(f"{label}sweep {spec.sweep_id}: {spec.space.size()} distinct configs, "
+                      f"{len(spec.buckets)} buckets, budget {num_trials} trials, "
+                      f"{spec.max_concurrent_trials} in parallel; run dir {spec.run_dir}")
+        for note in short_measurement_warnings(spec):
+            console.print(f"[yellow]warning:[/] {note}")
+        from tuning.sweep.runner import run_sweep
+        from tuning.sweep.summary import print_summary
+
+        outcome = run_sweep(spec, num_trials=num_trials, time_budget_s=args.time_budget_s, resume=resume,
+                            live=not args.no_live, commit_to=())
+        print_summary(outcome, console=console)
+        # A table that could not be committed everywhere it was asked for (e.g. the serving path)
+        # is a failed sweep too: the caller must not go on to deploy from that path.
+        return 0 if outcome.table is not None and outcome.error is None else 3
+    except (OrchestratorError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # the run dir (or a file in it) can't be written: say which, no traceback
+        print(f"error: cannot write the sweep's files: {e}; choose a writable --run-dir with free space",
+              file=sys.stderr)
+        return 2

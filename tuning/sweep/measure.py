@@ -1,0 +1,197 @@
+"""Measure one engine config on every bucket, without Ray: start the engine, warm up, run the buckets,
+stop it. A plain script can call :func:`measure_config`; the sweep's Tune trial is one such caller.
+
+How a config is measured is one frozen :class:`MeasurePlan`, built once from the sweep's spec
+(:meth:`tuning.sweep.spec.SweepSpec.measure_plan`) and carried whole to the measurement.
+
+Engine start-up dominates (60-170 s for LMDeploy on an H200), so one start serves all buckets. A
+failure of the engine (crash, OOM, hang) is a *result* — the reason is returned, never raised — so a
+sweep learns the config is bad and goes on.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config import Backend, EngineConfig
+from orchestrator.errors import ConfigError, EngineError, OrchestratorError
+from tuning.buckets import Bucket
+from tuning.sweep.budget import TimeBudgetSpent
+
+__all__ = ["MeasurePlan", "Measurements", "failure_reason", "measure_buckets", "measure_config", "representative_run"]
+
+Guard = Callable[[], contextlib.AbstractContextManager[Any]]
+Measurements = dict[tuple[str, int], dict[str, Any]]
+"""``BenchResult.to_dict()`` by (bucket name, concurrency)."""
+
+
+@dataclass(frozen=True)
+class MeasurePlan:
+    """How every config of a sweep is measured (the same for each; what is measured are the buckets).
+
+    Each bucket's warm-up requests are part of its workload (``Bucket.workload.warmup_requests``), so
+    they travel with the bucket and are recorded with it in the table's provenance.
+
+    Args:
+        time_scale: simulator ``--time-scale`` (simulated engines only; figures stay in simulated time).
+        steady_state: ``tuning.bench.SteadyStateRule`` arguments, or ``None`` to run every request to
+            completion.
+        steady_state_min_output_len: the rule applies to buckets at least this long (short buckets
+            finish fast, and their ramp-up/down is part of what a client sees).
+        ready_timeout_s: how long an engine may take to answer ``/v1/models``.
+        request_timeout_s: per-request timeout of the bench client.
+        tokenizer: tokenizer path for LMDeploy workloads (``None``: the bench's default counter).
+        repeats: runs of each bucket x load level on the same engine; the lower-median run stands
+            for them (:func:`representative_run`). On real GPUs short runs vary, and repeats on one
+            engine tell run-to-run noise apart from engine-to-engine differences.
+        burn_in: run the first bucket's workload once, unmeasured, before measuring: on the H200 a
+            fresh engine's first full-load run was the slower one on 7 of 7 engines (1.11x-1.66x; the
+            short warm-up requests do not take its place), which biased whichever bucket came first.
+    """
+
+    time_scale: float | None = None
+    steady_state: Mapping[str, Any] | None = field(default_factory=lambda: {"rel_tolerance": 0.02})
+    steady_state_min_output_len: int = 4096
+    ready_timeout_s: float = 900.0
+    request_timeout_s: float = 3600.0
+    tokenizer: str | None = None
+    repeats: int = 1
+    burn_in: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.repeats, int) or self.repeats < 1:
+            raise ConfigError(f"repeats={self.repeats!r} must be a whole number >= 1")
+        if self.time_scale is not None and self.time_scale <= 0:
+            raise ConfigError(f"time_scale={self.time_scale!r} must be > 0")
+
+    def steady_state_rule(self, bucket: Bucket) -> Any:
+        """The early-stop rule for ``bucket`` (``None``: run every request to completion)."""
+        if not self.steady_state or bucket.max_output_len < self.steady_state_min_output_len:
+            return None
+        from tuning.bench import SteadyStateRule
+
+        return SteadyStateRule(**self.steady_state)
+
+    def load_tokenizer(self) -> Any:
+        if not self.tokenizer:
+            return None
+        from tuning.workload import load_tokenizer
+
+        return load_tokenizer(self.tokenizer)
+
+
+def measure_config(
+    config: EngineConfig,
+    buckets: Sequence[Bucket],
+    plan: MeasurePlan = MeasurePlan(),
+    *,
+    log_dir: str | Path,
+    gpus: Sequence[int] | None = None,
+    startup_guard: Guard | None = None,
+    measure_guard: Guard | None = None,
+) -> tuple[Measurements, str, float | None]:
+    """Start one engine, run every bucket x load level against it as ``plan`` says, stop it.
+
+    ``startup_guard`` is entered before the engine starts and left once it is ready or failed;
+    ``measure_guard`` is entered after that and held while it is measured (engines sharing a GPU:
+    start side by side, measure one at a time, never while a neighbour starts). The two are never
+    held together, so a caller waiting for one never holds the other. ``startup_s`` counts from the
+    engine's start, not from the wait for ``startup_guard``.
+
+    Returns ``(measurements, failure, startup_s)``: ``BenchResult`` dicts by (bucket, concurrency),
+    the reason the engine failed ('' if it did not), and the engine's start-up time in seconds
+    (simulated seconds for the simulator, like its other figures). :class:`TimeBudgetSpent` raised
+    by ``startup_guard`` passes through: that start was not allowed, which is not a config's failure.
+    """
+    from orchestrator.engine import EngineProcess
+
+    tokenizer = plan.load_tokenizer()  # before the engine starts: a bad path costs no engine start
+    is_sim = config.backend is Backend.SIM
+    engine = EngineProcess(config, gpus=None if is_sim else gpus, log_dir=log_dir,
+                           ready_timeout_s=plan.ready_timeout_s, sim_time_scale=plan.time_scale if is_sim else None)
+    measurements: Measurements = {}
+    startup_s: float | None = None
+    try:
+        try:
+            with startup_guard() if startup_guard is not None else contextlib.nullcontext():
+                t0 = time.monotonic()
+                engine.start()
+                engine.wait_until_ready()
+                startup_s = time.monotonic() - t0
+        except TimeBudgetSpent:
+            raise
+        except OrchestratorError as e:
+            return measurements, failure_reason("engine failed to start", e), None
+        if is_sim and plan.time_scale:
+            startup_s *= plan.time_scale
+        with measure_guard() if measure_guard is not None else contextlib.nullcontext():
+            failure = measure_buckets(engine, config, buckets, plan, measurements=measurements,
+                                      tokenizer=tokenizer)
+            # Stopped inside the exclusive hold: a neighbour's measurement never overlaps this
+            # engine's teardown, and a neighbour's start-up (which sizes its KV cache from the GPU
+            # memory free at that moment) sees this engine's memory already released.
+            engine.stop()
+        return measurements, failure, startup_s
+    finally:
+        engine.stop()
+
+
+def measure_buckets(engine: Any, config: EngineConfig, buckets: Sequence[Bucket], plan: MeasurePlan, *,
+                    measurements: Measurements, tokenizer: Any = None) -> str:
+    """Every bucket x load level (``plan.repeats`` runs each) against the ready ``engine`` into
+    ``measurements``, after one unmeasured run of the first bucket if ``plan.burn_in``; returns the
+    failure reason ('' when all ran). ``tokenizer``: the loaded ``plan.tokenizer`` (loaded once per
+    engine by the caller)."""
+    from tuning.bench import benchmark
+
+    # (bucket, concurrency, measured): the burn-in is the first step of the same loop as the
+    # buckets, run and not measured, so a failure in either is reported the same way.
+    steps: list[tuple[Bucket, int, bool]] = []
+    if plan.burn_in and buckets:
+        steps.append((buckets[0], buckets[0].primary_concurrency, False))
+    steps += [(b, c, True) for b in buckets for c in b.concurrency_levels]
+    for b, c, measured in steps:
+        what = f"bucket {b.name}" if measured else f"the burn-in run of bucket {b.name}"
+        rule = plan.steady_state_rule(b) if measured else None
+        try:
+            runs = []
+            for _ in range(plan.repeats if measured else 1):
+                runs.append(benchmark(engine.base_url, b.workload_at(c), engine_config=config, steady_state=rule,
+                                      request_timeout_s=plan.request_timeout_s, tokenizer=tokenizer).to_dict())
+                engine.check_health()
+            if measured:
+                measurements[(b.name, c)] = representative_run(runs)
+        except EngineError as e:
+            return failure_reason(f"engine failed during {what} (concurrency {c})", e)
+        except OrchestratorError as e:  # bench could not run at all (server unreachable...)
+            if not engine.is_alive():
+                return failure_reason(f"engine died during {what}", e)
+            return failure_reason(f"benchmark of {what} failed", e)
+    return ""
+
+
+def representative_run(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The run that stands for repeated runs of one bucket: one with failed requests if any (a config
+    must not win on its good runs), else the lower median by output throughput (with two runs, the
+    slower: a table should not pick a config on its luckier run). Carries every run's throughput in
+    run order as ``repeat_output_throughputs``."""
+    if len(runs) == 1:
+        return dict(runs[0])
+    failed = [r for r in runs if int(r.get("failed") or 0) > 0]
+    ranked = sorted(runs, key=lambda r: float(r.get("output_throughput") or 0.0))
+    chosen = failed[0] if failed else ranked[(len(ranked) - 1) // 2]
+    return {**chosen, "repeat_output_throughputs": [r.get("output_throughput") for r in runs]}
+
+
+def failure_reason(prefix: str, e: BaseException, limit: int = 1500) -> str:
+    """The failure as one bounded string. When too long, the middle goes: the head says what failed,
+    the tail holds the engine's last log lines (the OOM or traceback that says why)."""
+    text = f"{prefix}: {type(e).__name__}: {e}"
+    if len(text) <= limit:
+        return text
+    head = limit // 2
+    return text[:head] + " [...] " + text[len(text) - (limit - head - 7):]

@@ -1,0 +1,110 @@
+"""The sweep's closing summary: the table it chose, what serving it takes, whether it pays, where
+everything went, and the next commands (deploy the table, open the report, open the study)."""
+from __future__ import annotations
+
+import math
+import shlex
+from pathlib import Path
+from typing import Any
+
+from orchestrator.table import RoutingTable
+from tuning.results import STATUS_OK, summary_rows
+from tuning.sweep.runner import SweepOutcome
+from tuning.sweep.spec import SweepSpec
+
+__all__ = ["mixed_line", "next_commands", "print_summary", "serving_line"]
+
+
+def print_summary(outcome: SweepOutcome, *, console: Any = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    spec = outcome.spec
+    tag = "SIMULATED — simulator profile, not a GPU measurement" if spec.simulated else "measured on GPUs"
+    df = outcome.results
+    n_trials = df["trial_id"].nunique() if not df.empty else 0
+    n_failed = df[df["status"] != STATUS_OK]["trial_id"].nunique() if not df.empty else 0
+    if outcome.table is not None:
+        budget = outcome.table.provenance.gpu_budget
+        title = ("Best config per bucket" if budget is None
+                 else f"Best config per bucket that fits {budget.gpus} GPU(s){' shared' if budget.share_gpu else ''}")
+        t = Table(title=f"{title} ({tag})", title_justify="left")
+        for col, just in (("bucket", "left"), ("best config", "left"), ("output tok/s", "right"),
+                          ("accept len", "right"), ("vs MTP off", "right"), ("vs static", "right")):
+            t.add_column(col, justify=just, no_wrap=col == "best config")  # type: ignore[arg-type]
+        for r in summary_rows(outcome.table):
+            t.add_row(r["bucket"], r["config"] + ("".join(f"\n  {v}" for v in r["load_variants"])),
+                      f"{r['output_throughput']:,.0f}",
+                      f"{r['accept_length']:.2f}" if r["accept_length"] else "-",
+                      _pct(r["gain_vs_mtp_off"]), _pct(r["gain_vs_static"]))
+        console.print(t)
+        console.print(serving_line(outcome.table, spec))
+        mixed = mixed_line(outcome.table, df)
+        if mixed:
+            console.print(mixed)
+        for note in (budget.notes if budget else ()):
+            console.print(f"  - {note}")
+        if outcome.error:
+            console.print(f"[bold red]Routing table not committed everywhere[/]:\n{outcome.error}")
+    else:
+        console.print(f"[bold red]No routing table written[/] ({tag}):\n{outcome.error}")
+    console.print(f"{n_trials} trials ({n_failed} failed) in {outcome.wall_s:.0f} s; sweep id {spec.sweep_id}")
+    console.print(f"results:        {outcome.results_paths[0]}\n                {outcome.results_paths[1]}")
+    if outcome.table_path is not None:
+        console.print(f"routing table:  {outcome.table_path} (version {outcome.table.version})")
+    console.print(f"engine logs:    {Path(spec.run_dir) / 'engine-logs'}")
+    console.print("next:")
+    for what, command in next_commands(outcome):
+        console.print(f"  {what:<15} {command}", markup=False, highlight=False, soft_wrap=True)
+
+
+def next_commands(outcome: SweepOutcome) -> list[tuple[str, str]]:
+    """What to run after this sweep, as ``(what, shell command)``: serve the committed table (only when
+    one was committed), read the report, browse the Optuna study."""
+    spec = outcome.spec
+    run_dir = Path(spec.run_dir)
+    out: list[tuple[str, str]] = []
+    if outcome.table_path is not None and outcome.table is not None:
+        deploy = ["python", "-m", "orchestrator.deploy", "--routing-table", str(outcome.table_path)]
+        if spec.simulated and spec.sim_time_scale:
+            deploy += ["--sim-time-scale", f"{spec.sim_time_scale:g}"]
+        if spec.share_gpu:
+            deploy.append("--share-gpu")
+        out.append(("deploy table:", shlex.join(deploy)))
+    out.append(("open report:", shlex.join(["python", "-m", "tuning.report", str(run_dir)])))
+    out.append(("open study:", shlex.join(["optuna-dashboard", f"sqlite:///{run_dir.resolve() / 'optuna.db'}"])))
+    return out
+
+
+def serving_line(table: RoutingTable, spec: SweepSpec) -> str:
+    """How many GPUs serving ``table`` takes (one replica per engine), whole and shared, so a table the
+    deploy target cannot hold shows before ``orchestrator.deploy`` refuses it."""
+    n = len(table.distinct_configs())
+    if spec.simulated:
+        return f"serving:        {n} simulated engine(s), no GPU"
+    shareable = any(c.tp == 1 for c in table.distinct_configs().values())
+    line = (f"serving:        {n} engine(s), one replica each, need {table.gpus_needed(share_gpu=False)} GPU(s)"
+            + (f"; {table.gpus_needed(share_gpu=True)} with --share-gpu" if shareable else ""))
+    if spec.serve_gpus is not None:
+        line += f" (chosen to fit --serve-gpus {spec.serve_gpus}{' --share-gpu' if spec.share_gpu else ''})"
+    return line
+
+
+def mixed_line(table: RoutingTable, results: Any) -> str | None:
+    """The table against the best single config on the buckets in proportion, predicted from this
+    sweep's figures (:mod:`tuning.mixed`): whether serving several configs pays at all."""
+    from tuning.mixed import predict_for_table
+
+    pred = predict_for_table(table, results)
+    if pred is None:
+        return None
+    key, single = pred.best_single
+    label = results.loc[results["engine_key"] == key, "engine_label"].iloc[0]
+    return (f"mixed workload: {pred.per_bucket_throughput:,.0f} tok/s with this table vs {single:,.0f} with the best "
+            f"single config ({label}) everywhere: {pred.ratio:.2f}x (each bucket's workload once; predicted from "
+            "these figures, not measured)")
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v * 100:+.1f}%"
