@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from orchestrator.errors import ConfigError
+from orchestrator.table import RoutingTable
 from tuning.buckets import Bucket
 from tuning.results import successful_primary_rows
-from orchestrator.table import RoutingTable
 
 __all__ = ["MixedPrediction", "bucket_prompts", "bucket_tokens", "mixed_throughput", "per_config_throughput", "predict",
            "predict_for_table"]
@@ -30,10 +31,10 @@ def mixed_throughput(throughput: Mapping[str, float], tokens: Mapping[str, float
     """Output tok/s of the mix ``tokens`` (output tokens per bucket) at ``throughput`` (tok/s per bucket)."""
     total = sum(tokens.values())
     if total <= 0:
-        raise ValueError(f"a mixed workload needs output tokens, got {dict(tokens)}")
+        raise ConfigError(f"a mixed workload needs output tokens, got {dict(tokens)}")
     missing = [b for b, n in tokens.items() if n > 0 and not throughput.get(b)]
     if missing:
-        raise ValueError(f"no throughput for bucket(s) {missing} of the mix")
+        raise ConfigError(f"no throughput for bucket(s) {missing} of the mix")
     return total / sum(n / throughput[b] for b, n in tokens.items() if n > 0)
 
 

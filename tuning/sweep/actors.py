@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from orchestrator.errors import ConfigError
 from tuning.sweep.records import ResultRow
 
 __all__ = ["LEASE_MODES", "MEASURE", "STARTUP", "GpuLease", "ResultCache", "cached_copy", "measure_lease",
@@ -97,7 +98,7 @@ class GpuLease:
         if isinstance(gpus, str):
             raise TypeError("gpus is a sequence of GPU keys, not one key")
         if mode not in LEASE_MODES:
-            raise ValueError(f"lease mode must be one of {LEASE_MODES}, got {mode!r}")
+            raise ConfigError(f"lease mode must be one of {LEASE_MODES}, got {mode!r}")
         now = time.monotonic()
         self._expire(now)
         until = now + self._ttl_s

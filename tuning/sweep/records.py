@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.errors import ConfigError
 from orchestrator.fsutil import atomic_write_text
 from tuning.buckets import Bucket
 from tuning.results import STATUS_OK
@@ -108,7 +109,7 @@ class ResultRow:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(row) - known)
         if unknown:
-            raise ValueError(f"unknown result column(s) {unknown}; known: {sorted(known)}")
+            raise ConfigError(f"unknown result column(s) {unknown}; known: {sorted(known)}")
         return cls(**dict(row))
 
     def replace(self, **changes: Any) -> ResultRow:
