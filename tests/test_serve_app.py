@@ -68,6 +68,8 @@ def _args(table_path: Path, log_dir: Path) -> dict:
 class Cluster:
     def __init__(self, base: str, table_path: Path, log_dir: Path) -> None:
         self.base, self.table_path, self.log_dir = base, table_path, log_dir
+        # This cluster's own session folder: /tmp/ray/session_latest may be another test run's.
+        self.session_dir = Path(ray._private.worker._global_node.get_session_dir_path())
         self.client = openai.OpenAI(base_url=base + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
         self.engine_pids: set[int] = set()
 
@@ -156,6 +158,54 @@ def test_requests_route_by_max_tokens_streaming_and_not(cluster: Cluster):
 
     models = cluster.client.models.list()
     assert [m.id for m in models.data] == [MODEL]
+
+
+def test_the_router_says_its_engines_are_simulated(cluster: Cluster):
+    """Simulated figures are labelled on every path: the engines' marker header passes through the
+    router, and the router answers ``/sim/info`` for its simulated engines (one time scale)."""
+    raw = cluster.client.completions.with_raw_response.create(model=MODEL, prompt="x", max_tokens=4)
+    assert raw.headers["x-simulated-engine"] == "true"
+    auth = {"authorization": f"Bearer {API_KEY}"}
+    assert httpx.get(cluster.base + "/v1/models", headers=auth, timeout=30).headers["x-simulated-engine"] == "true"
+    r = httpx.get(cluster.base + "/sim/info", headers=auth, timeout=60)
+    assert r.status_code == 200 and r.headers["x-simulated-engine"] == "true", r.text
+    info = r.json()
+    assert info["simulated"] is True and info["via_router"] is True and info["time_scale"] == TIME_SCALE
+    assert set(info["engines"]) == {NOSPEC.key(), MTP3.key()}
+    assert all(e["simulated"] and e["time_scale"] == TIME_SCALE for e in info["engines"].values())
+    assert "monotonic_start" not in info  # each engine keeps its own clock: clients time by arrival
+    assert httpx.get(cluster.base + "/sim/info", timeout=30).status_code == 401  # keys apply here too
+
+
+def test_bench_through_the_router_reports_simulated_figures_in_simulated_time(cluster: Cluster):
+    from tuning.bench import benchmark
+    from tuning.workload import Workload
+
+    workload = Workload(input_len=16, output_len=32, range_ratio=1.0, num_prompts=8, max_concurrency=4)
+    started = time.monotonic()
+    result = benchmark(cluster.base, workload, api_key=API_KEY)
+    wall_s = time.monotonic() - started
+    assert result.simulated is True and result.time_scale == TIME_SCALE
+    assert result.completed == 8 and result.failed == 0
+    # Scaled: the measured wall duration times the time scale (2), so longer than the call's own wall time.
+    assert result.duration_s > wall_s, (result.duration_s, wall_s)
+
+
+def test_a_normal_streaming_load_logs_no_error_in_the_router(cluster: Cluster):
+    """Clients that all finish normally: the router's Serve log holds no ERROR (Serve cancelling a
+    finished request's receive channel used to log an 'unhandled error' traceback)."""
+    def stream(i: int) -> int:
+        chunks = cluster.client.completions.create(model=MODEL, prompt="word " * (i % 8 + 1), max_tokens=24,
+                                                   stream=True)
+        return sum(1 for c in chunks if c.choices and c.choices[0].text)
+
+    with cf.ThreadPoolExecutor(16) as pool:
+        assert all(n > 0 for n in pool.map(stream, range(96)))
+    time.sleep(1.0)  # the replica's log handler flushes
+    logs = list((cluster.session_dir / "logs" / "serve").glob(f"replica_{APP}_router_*.log"))
+    assert logs, "no router replica log found"
+    errors = [ln for p in logs for ln in p.read_text(errors="replace").splitlines() if ln.startswith("ERROR")]
+    assert errors == []
 
 
 def test_no_router_replica_urls_without_direct_ingress(cluster: Cluster):

@@ -45,6 +45,7 @@ from typing import Any
 
 from orchestrator.config import Backend, EngineConfig
 from orchestrator.errors import EngineDiedError, EngineNotReadyError
+from orchestrator.sim.server import SIM_HEADER
 from orchestrator.serve.metrics import RUNNING, WAITING, AcceptLengthTracker, EngineMetrics, parse_prometheus_text
 
 __all__ = ["EngineReplica", "EngineUnavailableError", "default_log_dir"]
@@ -206,7 +207,7 @@ class EngineReplica:
             except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
                 raise EngineUnavailableError(f"engine {self.key} failed before the first byte: {e!r}") from None
             yield {"status": resp.status, "content_type": resp.headers.get("content-type", "application/json"),
-                   "first": first}
+                   "first": first, "simulated": resp.headers.get(SIM_HEADER, "").lower() == "true"}
             async for chunk in resp.content.iter_any():
                 yield chunk
             finished = True
@@ -214,6 +215,16 @@ class EngineReplica:
             # Cut the connection when the caller went away mid-stream, so the engine aborts the
             # generation instead of finishing it for nobody.
             resp.release() if finished else resp.close()
+
+    async def sim_info(self) -> dict[str, Any] | None:
+        """The simulated engine's ``GET /sim/info`` (time scale, profile, counters); ``None`` for a real
+        engine. The router answers its own ``/sim/info`` from these, so clients benchmarking through
+        it know the figures are simulated and how to scale them."""
+        if self.config.backend is not Backend.SIM:
+            return None
+        async with self._session.get(self.engine.base_url + "/sim/info") as resp:
+            resp.raise_for_status()
+            return await resp.json()
 
     async def engine_info(self) -> dict[str, Any]:
         """Where this replica's engine is and how it is doing (tests and operators use it)."""

@@ -40,9 +40,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from orchestrator.config import Backend
 from orchestrator.raycompat import stream_handle
 from orchestrator.serve.policy import NoHealthyDeploymentError, RouteDecision, choose_route
 from orchestrator.serve.protocol import DEFAULT_MAX_BODY_BYTES, ApiError, ParsedRequest, encode_body, parse_request
+from orchestrator.sim.server import SIM_HEADER
 from orchestrator.table import RoutingTable, parse
 
 __all__ = ["DEFAULT_BODY_TIMEOUT_S", "ENGINE_TRANSPORTS", "Router", "RouterSpec", "api", "hash_api_key"]
@@ -189,7 +191,10 @@ class Router:
         if self.spec.default_max_tokens is not None:
             table = table.model_copy(update={"default_max_tokens": self.spec.default_max_tokens})
         self.table: RoutingTable = table
+        self._handles = dict(engines)
         self._streams = {name: _stream_handle(h, self.spec.engine_transport) for name, h in engines.items()}
+        # Simulated engines are labelled as such on every path (responses, /v1/models, /sim/info).
+        self._all_simulated = all(c.backend is Backend.SIM for c in table.distinct_configs().values())
         self._names = frozenset(self.spec.served_model_names)
         self._key_hashes = tuple(bytes.fromhex(h) for h in self.spec.api_key_sha256)
         self._in_flight: collections.Counter[str] = collections.Counter()
@@ -211,7 +216,47 @@ class Router:
             return _error_response(e)
         created = int(time.time())
         data = [{"id": n, "object": "model", "created": created, "owned_by": "mtp-autotune"} for n in sorted(self._names)]
-        return JSONResponse({"object": "list", "data": data})
+        return JSONResponse({"object": "list", "data": data}, headers=self._sim_headers())
+
+    async def sim_info(self, request: Request) -> Response:
+        """``GET /sim/info`` as the simulated engine answers it, when every engine is simulated: the
+        time scale (one for all engines) and each engine deployment's own info. Clients (``python -m
+        tuning.bench``) then report figures in simulated time, labelled SIMULATED. 404 with real
+        engines, as a real engine answers.
+
+        The engines' ``monotonic_start`` / ``boot_id`` are left out of the top level: each engine has
+        its own clock, and the router re-frames their chunks, so a client times tokens by arrival."""
+        try:
+            self._authorize(request)
+            if not self._all_simulated:
+                raise ApiError(404, "GET /sim/info: this router's engines are not simulated", "not_found")
+            names = sorted(self._handles)
+            infos = await asyncio.wait_for(
+                asyncio.gather(*(self._handles[n].sim_info.remote() for n in names)), timeout=30)
+        except ApiError as e:
+            return _error_response(e)
+        except Exception as e:  # an engine did not answer: the router cannot say for it
+            return _error_response(ApiError(503, f"GET /sim/info: an engine did not answer: {type(e).__name__}: "
+                                                 f"{str(e)[:200]}", "service_unavailable", code="engine_unavailable"))
+        engines = {n: info for n, info in zip(names, infos)}
+        scales = {float(info["time_scale"]) for info in infos}
+        if len(scales) != 1:  # never happens through deploy (one sim_time_scale per app)
+            return _error_response(ApiError(409, f"GET /sim/info: the engines run at different time scales "
+                                                 f"{sorted(scales)}; no one scale fits their figures", "conflict"))
+        body = {
+            "simulated": True,
+            "via_router": True,
+            "time_scale": scales.pop(),
+            "delivery_quantum_s": max(float(i.get("delivery_quantum_s") or 0.0) for i in infos),
+            "profile": ",".join(sorted({str(i.get("profile")) for i in infos})),
+            "model_name": sorted(self._names)[0],
+            "routing_table_version": self.table.version,
+            "engines": engines,
+        }
+        return JSONResponse(body, headers=self._sim_headers())
+
+    def _sim_headers(self) -> dict[str, str]:
+        return {SIM_HEADER: "true"} if self._all_simulated else {}
 
     async def health(self) -> Response:
         self._ensure_background()
@@ -353,6 +398,8 @@ class Router:
             "x-route-reason": d.reason,
             "x-routing-table-version": str(self.table.version),
         }
+        if head.get("simulated"):
+            headers[SIM_HEADER] = "true"  # the engine's marker, passed on
         if d.fallback_header:
             headers["x-route-fallback"] = d.fallback_header
             self._metrics.fallbacks.inc(tags={"from_bucket": d.fallback_from or "", "to_bucket": d.bucket})
@@ -509,6 +556,11 @@ async def completions(request: Request) -> Response:
 @api.get("/v1/models")
 async def models(request: Request) -> Response:
     return await _router().models(request)
+
+
+@api.get("/sim/info")
+async def sim_info(request: Request) -> Response:
+    return await _router().sim_info(request)
 
 
 @api.get("/health")
