@@ -112,6 +112,109 @@ def test_steady_state_rule_validation():
         SteadyStateRule(min_windows=1)
 
 
+# ----- one chunk per engine step or many: the same figures ----------------------------------------
+
+
+def _engine_streams(specs, group_steps: int):
+    """Every request's token stamps from the simulator's own scheduler (all arriving at simulated
+    time 0), cut into SSE events of ``group_steps`` engine steps each (1: one event per step)."""
+    from orchestrator.sim.model import EngineParams, PerformanceModel, load_profile
+    from orchestrator.sim.scheduler import Scheduler, make_request
+
+    model = PerformanceModel(load_profile(DEFAULT_PROFILE), EngineParams(tp=8, num_draft_tokens=3, max_batch_size=8))
+    sched = Scheduler(model)
+    reqs = [make_request(model, str(i), s.prompt_len, s.output_len, seed=i) for i, s in enumerate(specs)]
+    for r in reqs:
+        sched.add(r)
+    stamps: dict[str, list[list[float]]] = {r.request_id: [] for r in reqs}
+    t = 0.0
+    while sched.has_work():
+        res = sched.step(t)
+        t += res.duration
+        for r, n, _ in res.emissions:
+            stamps[r.request_id].append([round(t, 6), n])
+    return {s.prompt: [stamps[str(i)][j:j + group_steps] for j in range(0, len(stamps[str(i)]), group_steps)]
+            for i, s in enumerate(specs)}
+
+
+def _replay_server(streams, time_scale: float):
+    """A real HTTP server that streams recorded simulator events the way orchestrator.sim does
+    (``sim.token_times`` stamps, ``/sim/info`` with this host's clock), for a real bench client."""
+    import asyncio
+    import threading
+    import time
+
+    from aiohttp import web
+
+    from orchestrator.ports import host_boot_id
+
+    start = time.monotonic()
+
+    async def models(_r):
+        return web.json_response({"data": [{"id": DEFAULT_PROFILE, "owned_by": "simulator"}]})
+
+    async def info(_r):
+        return web.json_response({"simulated": True, "time_scale": time_scale, "monotonic_start": start,
+                                  "boot_id": host_boot_id(), "delivery_quantum_s": 0.05})
+
+    async def completions(request):
+        body = await request.json()
+        events = streams[body["prompt"]]
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        total = 0
+        for j, ev in enumerate(events):
+            n = sum(k for _, k in ev)
+            total += n
+            sim = {"token_times": ev, **({"arrival": 0.0} if j == 0 else {})}
+            chunk = {"choices": [{"index": 0, "text": " w" * n}], "sim": sim}
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        usage = {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": total}}
+        await resp.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/sim/info", info)
+    app.router.add_post("/v1/completions", completions)
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    port = find_free_port()
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    def stop():
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+    return f"http://127.0.0.1:{port}", stop
+
+
+def test_figures_are_the_same_whether_a_chunk_carries_one_engine_step_or_many():
+    """The simulator delivers several engine steps per SSE event (its delivery quantum); the bench
+    times every step by its stamp, so TTFT, ITL, TPOT, E2E and throughputs are exactly those of one
+    event per step."""
+    w = Workload(input_len=256, output_len=256, range_ratio=0.5, num_prompts=24, max_concurrency=None, seed=3,
+                 warmup_requests=0)
+    specs = build_requests(w)
+    results = []
+    for group in (1, 7):
+        url, stop = _replay_server(_engine_streams(specs, group), TIME_SCALE)
+        try:
+            results.append(benchmark(url, w).to_dict())
+        finally:
+            stop()
+    per_step, grouped = results
+    assert per_step["simulated"] and per_step["completed"] == 24 and per_step["failed"] == 0
+    assert per_step["itl_ms"]["mean"] > 0 and per_step["total_output_tokens"] == sum(s.output_len for s in specs)
+    for key in ("started_at", "finished_at"):
+        per_step.pop(key), grouped.pop(key)
+    assert grouped == per_step  # exactly: the same stamps, the same arithmetic
+
+
 # ----- against the simulated engine ---------------------------------------------------------------
 
 

@@ -176,6 +176,33 @@ def test_metrics_gzipped_only_when_the_client_accepts_it(mtp_sim: Sim) -> None:
     assert status == 200 and "Content-Encoding" not in headers
 
 
+def test_closed_loop_hold_lasts_only_while_the_client_has_requests_queued() -> None:
+    """A finishing ``sim_hold`` request stops the simulated clock until the client's next request,
+    but not once the client said nothing is queued behind it (no next request will come)."""
+    import asyncio
+
+    from orchestrator.sim.model import EngineParams, load_profile
+    from orchestrator.sim.server import SimEngine
+
+    async def clock_advance_after_finish(queued: int) -> float:
+        engine = SimEngine(load_profile(DEFAULT_PROFILE), EngineParams(tp=8), time_scale=50.0)
+        engine.start()
+        try:
+            req = engine.submit(16, 8, temperature=0.0, ignore_eos=True, seed=1, hold_on_finish=True,
+                                client_queued=queued)
+            done = False
+            while not done:
+                _, done, _ = await req.payload.get()
+            before = engine.now()
+            await asyncio.sleep(0.02)
+            return engine.now() - before
+        finally:
+            await engine.stop()
+
+    assert asyncio.run(clock_advance_after_finish(1)) == 0.0
+    assert asyncio.run(clock_advance_after_finish(0)) > 0.0
+
+
 def test_request_errors_are_project_errors() -> None:
     assert issubclass(OpenAIError, OrchestratorError)
 

@@ -29,7 +29,7 @@ from orchestrator.sim import tokenizer
 from orchestrator.sim.model import EngineParams, PerformanceModel, Profile
 from orchestrator.sim.scheduler import Scheduler, SimRequest, make_request
 
-__all__ = ["SimEngine", "build_app", "OpenAIError"]
+__all__ = ["SimEngine", "build_app", "delivery_quantum_s", "OpenAIError"]
 
 log = logging.getLogger("orchestrator.sim")
 SIM_HEADER = "x-simulated-engine"
@@ -51,8 +51,27 @@ class OpenAIError(OrchestratorError):
 HOLD_MAX_S = 0.25
 """Longest wall time the clock waits for a closed-loop client's next request (see ``SimEngine._hold``)."""
 
+RUN_AHEAD_S = 0.005
+"""Wall seconds the engine loop computes ahead of the clock before it sleeps (see ``SimEngine._run``).
+A request that arrives meanwhile joins after those iterations, as it would join a real engine at its
+next iteration; more would delay it by up to this times the time scale in simulated time."""
+
 DELIVERY_QUANTUM_S = 0.005
-"""Wall seconds the engine loop runs ahead before it sleeps and delivers (see ``SimEngine._run``)."""
+"""Wall seconds between token deliveries at time scale 1 (see ``SimEngine._run``); faster clocks
+deliver proportionally less often, up to :data:`DELIVERY_QUANTUM_MAX_S`."""
+
+DELIVERY_QUANTUM_MAX_S = 0.05
+"""Longest wall time between deliveries. Each delivery costs one write per running sequence on the
+server and one parse on the client, which is most of a sweep's CPU on a small host; clients that
+read the stamps lose nothing by the wait, and :meth:`SimEngine.info` reports the quantum so they know
+how late a token may arrive."""
+
+
+def delivery_quantum_s(time_scale: float) -> float:
+    """Wall seconds between token deliveries at ``time_scale``: :data:`DELIVERY_QUANTUM_S` of
+    simulated-time resolution at scale 1 for clients that time tokens by arrival, up to
+    :data:`DELIVERY_QUANTUM_MAX_S` at high scales, where only the stamps are exact anyway."""
+    return min(DELIVERY_QUANTUM_MAX_S, DELIVERY_QUANTUM_S * max(1.0, float(time_scale)))
 
 
 class SimEngine:
@@ -65,6 +84,7 @@ class SimEngine:
         self.model = PerformanceModel(profile, params)  # raises SimOutOfMemory
         self.scheduler = Scheduler(self.model)
         self.time_scale = float(time_scale)
+        self.delivery_quantum_s = delivery_quantum_s(self.time_scale)
         self.seed = seed
         self.model_name = model_name or profile.name
         self._wall0 = time.monotonic()
@@ -73,6 +93,7 @@ class SimEngine:
         self._hold_owed = 0
         self._hold_timer: asyncio.TimerHandle | None = None
         self._resume = asyncio.Event()
+        self._client_queued: int | None = None  # requests queued at the closed-loop client (sim_queued)
         self.epoch0 = time.time()  # simulated timestamps are epoch0 + simulated seconds
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -96,9 +117,14 @@ class SimEngine:
     # simulated time, which no real engine sees (a real client's ms are negligible at scale 1). So a
     # request may say ``"sim_hold": true`` ("a new request follows when this one finishes"); when
     # such requests finish, the clock stops until as many new requests arrived or HOLD_MAX_S (wall)
-    # passed, and the new requests arrive at the finish time in simulated time. Holds stop the clock
-    # only, never the delivery of tokens. Requests without the field (any ordinary client) never hold.
+    # passed, and the new requests arrive at the finish time in simulated time. A client that also
+    # says how many requests it still has queued (``"sim_queued": N``) is held for at most that many:
+    # once its queue is empty, finishes are not followed by new requests and must not stop the clock.
+    # Holds stop the clock only, never the delivery of tokens. Requests without the field (any
+    # ordinary client) never hold.
     def _hold(self, finished: int) -> None:
+        if self._client_queued is not None:
+            finished = min(finished, self._client_queued)
         if self.time_scale <= 1.0 or finished <= 0:
             return
         self._hold_owed += finished
@@ -147,33 +173,41 @@ class SimEngine:
     async def _run(self) -> None:
         """Run scheduler iterations on the scaled wall clock.
 
-        Iterations are computed back to back and *delivered* in batches: the loop only sleeps once it
-        is at least ``DELIVERY_QUANTUM_S`` (wall) ahead of the clock, then hands every sequence the
-        tokens of all iterations that ended meanwhile, each stamped with its simulated end time.
-        Tokens are never delivered before their simulated time; they may arrive up to one quantum
-        late, which is why clients read the stamps (``sim.token_times``) rather than their own wall
-        clock. This keeps the event count per second bounded at any time scale (one event per
-        sequence per quantum), which is what limited the time scale on 2 cores.
+        Iterations are computed back to back and *delivered* in batches, each token stamped with the
+        simulated end time of its iteration: every sequence gets the tokens of all iterations since
+        the last delivery in one SSE event, once every :attr:`delivery_quantum_s` of wall time
+        (also when the loop is behind the clock, rather than after every iteration: a slow host
+        must not spend its time on ever smaller writes). The loop itself sleeps whenever it is
+        :data:`RUN_AHEAD_S` ahead of the clock, so arriving requests join at the next iterations. A sequence that finishes is delivered at once, at its
+        iteration's end: a closed-loop client's next request (``sim_hold``) then joins at that exact
+        iteration. Tokens are never delivered before their simulated time; they may arrive up to one
+        quantum late, which is why clients read the stamps (``sim.token_times``) rather than their
+        own wall clock. The event count is thus bounded by sequences / quantum at any time scale.
         """
         sched = self.scheduler
         c = self.counters
+        quantum = self.delivery_quantum_s
         cursor: float | None = None  # simulated end of the previous iteration while busy
         self._cursor = None
         pending: dict[SimRequest, list[tuple[float, int]]] = {}
-        finished: set[SimRequest] = set()
+        finished: list[SimRequest] = []
+        last_delivery = time.monotonic()
 
-        def flush() -> None:
-            for req, stamps in pending.items():
-                req.payload.put_nowait((sum(n for _, n in stamps), req in finished, stamps))
+        def deliver(everything: bool) -> None:
+            nonlocal last_delivery
+            for req in list(pending) if everything else finished:
+                stamps = pending.pop(req)
+                req.payload.put_nowait((sum(n for _, n in stamps), req.finish_time is not None, stamps))
             self._hold(sum(1 for r in finished if getattr(r, "hold_on_finish", False)))
-            pending.clear()
             finished.clear()
+            if everything:
+                last_delivery = time.monotonic()
 
         while True:
             if self._hold_started is not None:
                 await self._resume.wait()  # the clock stands still until the client's next requests
             if not sched.has_work() or self.hung:
-                flush()
+                deliver(everything=True)
                 self._wake.clear()
                 self._cursor = None
                 await self._wake.wait()
@@ -193,21 +227,25 @@ class SimEngine:
                 c["generation_tokens"] += n
                 pending.setdefault(req, []).append((round(end, 6), n))
                 if done:
-                    finished.add(req)
+                    finished.append(req)
             ahead = (end - self.now()) / self.time_scale
-            if ahead >= DELIVERY_QUANTUM_S or (ahead > 0 and not sched.has_work()):
-                await asyncio.sleep(ahead)
-                flush()
-            elif ahead <= 0:
+            everything = not sched.has_work() or time.monotonic() - last_delivery >= quantum
+            if ahead >= RUN_AHEAD_S or everything or finished:
+                if ahead > 0:
+                    await asyncio.sleep(ahead)  # never deliver a token before its simulated time
+                if everything or finished:
+                    deliver(everything)
+            if ahead <= 0:
                 c["late_steps"] += 1
                 self.lateness_s += -ahead * self.time_scale
-                flush()
                 await asyncio.sleep(0)  # let handlers run even when behind
 
     # ----- requests ----------------------------------------------------------------------------
     def submit(self, prompt_tokens: int, max_tokens: int, *, temperature: float, ignore_eos: bool,
-               seed: int | None, hold_on_finish: bool = False) -> SimRequest:
+               seed: int | None, hold_on_finish: bool = False, client_queued: int | None = None) -> SimRequest:
         self._arrived()
+        if hold_on_finish:
+            self._client_queued = client_queued
         self._request_counter += 1
         rid = uuid.uuid4().hex[:16]
         req_seed = seed if seed is not None else (self.seed * 1_000_003 + self._request_counter)
@@ -233,6 +271,7 @@ class SimEngine:
             "profile_notes": self.profile.notes,
             "model_name": self.model_name,
             "time_scale": self.time_scale,
+            "delivery_quantum_s": self.delivery_quantum_s,  # wall seconds a stamped token may arrive late
             # The simulated clock is (CLOCK_MONOTONIC - monotonic_start) * time_scale. A client on the
             # same host (same boot_id) maps the chunks' ``sim.token_times`` onto its own monotonic clock.
             "monotonic_start": self._wall0,
@@ -348,7 +387,8 @@ def _parse(body: Any, engine: SimEngine, chat: bool) -> dict[str, Any]:
                 ignore_eos=bool(_field(body, "ignore_eos", (bool,), False)),
                 seed=_field(body, "seed", (int,), None), stream=bool(_field(body, "stream", (bool,), False)),
                 include_usage=bool(stream_options.get("include_usage", False)),
-                sim_hold=bool(_field(body, "sim_hold", (bool,), False)))
+                sim_hold=bool(_field(body, "sim_hold", (bool,), False)),
+                sim_queued=_field(body, "sim_queued", (int,), None))
 
 
 # ----- handlers -------------------------------------------------------------------------------
@@ -404,7 +444,7 @@ def build_app(engine: SimEngine) -> web.Application:
         args = _parse(body, engine, chat)
         try:
             req = engine.submit(args["prompt_tokens"], args["max_tokens"], temperature=args["temperature"],
-                                ignore_eos=args["ignore_eos"], seed=args["seed"], hold_on_finish=args["sim_hold"])
+                                ignore_eos=args["ignore_eos"], seed=args["seed"], hold_on_finish=args["sim_hold"], client_queued=args["sim_queued"])
         except ValueError as exc:
             raise OpenAIError(str(exc), param="max_tokens") from None
         text_rng = random.Random(req.request_id)

@@ -86,7 +86,8 @@ async def _probe_server(session: aiohttp.ClientSession, base_url: str) -> Server
         and sim_info.get("boot_id") is not None
         and sim_info.get("boot_id") == host_boot_id()
     ):
-        sim_clock = SimClock(float(sim_info["monotonic_start"]), time_scale)
+        sim_clock = SimClock(float(sim_info["monotonic_start"]), time_scale,
+                             float(sim_info.get("delivery_quantum_s") or SimClock.delivery_quantum_s))
     return ServerInfo(model=model, simulated=simulated, time_scale=time_scale, engine=engine, sim_info=sim_info,
                       sim_clock=sim_clock)
 
@@ -206,13 +207,16 @@ async def _send(
     timeout: aiohttp.ClientTimeout,
     max_tokens: int,
     clock: SimClock | None = None,
-    sim_hold: bool = False,
+    sim_queued: int | None = None,
 ) -> RequestOutput:
     """Send one streaming request; every failure becomes a :class:`RequestOutput` (cancellation
-    propagates: the caller records the partial state)."""
+    propagates: the caller records the partial state). ``sim_queued``: this request is part of a
+    closed loop on the simulator with that many requests still queued behind it (the simulator's
+    clock waits for the next one when it finishes; see ``orchestrator/sim/server.py``)."""
     payload = _payload(w, model, state.spec, max_tokens)
-    if sim_hold:
-        payload["sim_hold"] = True  # closed loop on the simulator: see SimClock
+    if sim_queued is not None:
+        payload["sim_hold"] = True
+        payload["sim_queued"] = sim_queued
     state.started_at = time.monotonic()
     got_done = False
     try:

@@ -160,6 +160,8 @@ class SimClock:
 
     monotonic_start: float
     time_scale: float
+    delivery_quantum_s: float = 0.005
+    """Wall seconds a stamped token may arrive after its time (the simulator's ``/sim/info``)."""
 
     def local(self, sim_t: float) -> float:
         return self.monotonic_start + float(sim_t) / self.time_scale

@@ -34,16 +34,16 @@ from tuning.workload import RequestSpec, TokenCounter, Workload, build_requests,
 if TYPE_CHECKING:
     from orchestrator.config import EngineConfig
 
-__all__ = ["DELIVERY_LAG_S", "WARMUP_MAX_OUTPUT_TOKENS", "benchmark", "run_benchmark"]
+__all__ = ["DELIVERY_MARGIN_S", "WARMUP_MAX_OUTPUT_TOKENS", "benchmark", "run_benchmark"]
 
 logger = logging.getLogger(__name__)
 
 WARMUP_MAX_OUTPUT_TOKENS = 32
 """Warm-up requests ask for at most this many tokens: they warm the server, they measure nothing."""
 
-DELIVERY_LAG_S = 0.05
-"""Wall seconds by which stamped simulator tokens may arrive after their time (its delivery quantum
-is 5 ms; the rest is margin for a loaded machine)."""
+DELIVERY_MARGIN_S = 0.045
+"""Wall seconds, beyond the simulator's delivery quantum (:attr:`SimClock.delivery_quantum_s`), by
+which a stamped token may arrive after its time on a loaded machine."""
 
 
 class _RunHooks(_Hooks):
@@ -297,9 +297,10 @@ async def _dispatch_all(
         async def go() -> None:
             nonlocal finished
             hooks.on_slot(state)
-            # Closed loop on the simulator: this request's slot is taken by a new one when it finishes.
-            hold = clock is not None and sem is not None and math.isinf(w.request_rate) and state.index < total - (concurrency or 0)
-            out = await _send(session, url, w, model, state, counter, hooks, timeout, state.spec.output_len, clock, hold)
+            # Closed loop on the simulator: a finish is followed by a new request while any is queued.
+            closed_loop = clock is not None and sem is not None and math.isinf(w.request_rate)
+            queued = total - hooks.started if closed_loop else None
+            out = await _send(session, url, w, model, state, counter, hooks, timeout, state.spec.output_len, clock, queued)
             state.done = True
             outputs[state.index] = out
             # On the token clock (the simulator's stamps, SimClock), like the tokens the windows count:
@@ -331,8 +332,8 @@ async def _dispatch_all(
             await asyncio.sleep(tracker.window_wall_s)
             # Stamped tokens are delivered up to a few ms after their time, on the simulator's clock
             # (which stands still during closed-loop holds): judge only windows that closed at
-            # least DELIVERY_LAG_S before the newest stamp seen.
-            now = (hooks.latest - DELIVERY_LAG_S) if clock is not None else time.monotonic()
+            # least one delivery quantum and DELIVERY_MARGIN_S before the newest stamp seen.
+            now = (hooks.latest - clock.delivery_quantum_s - DELIVERY_MARGIN_S) if clock is not None else time.monotonic()
             est = tracker.converged(now)
             if est is not None:
                 est = _with_full_run_bounds(est, states, now, tracker, concurrency, hooks.stats, occupancy)
