@@ -108,6 +108,17 @@ def test_a_run_dir_from_before_typed_rows_still_loads(tmp_path):
     loaded = TrialReport.load(tmp_path, "t1")
     assert loaded.rows[0].gpu_type == "NVIDIA H200" and loaded.bucket_throughput == {"le256": 10.0}
     assert loaded.metrics()["score"] == 2.3
+    # ... and every report committed under benchmarks/results reads back, rows and all.
+    from pathlib import Path
+
+    from tuning.sweep.records import reported_trial_ids
+
+    run_dirs = [d.parent for d in (Path(__file__).parents[1] / "benchmarks" / "results").glob("*/*/trial-results")]
+    assert run_dirs
+    for run_dir in run_dirs:
+        for trial_id in reported_trial_ids(run_dir):
+            report = TrialReport.load(run_dir, trial_id)
+            assert report is not None and report.rows and {r.trial_id for r in report.rows} == {trial_id}, trial_id
 
 
 def test_the_searcher_is_not_told_twice_about_a_trial_the_study_has_finished(tmp_path):
