@@ -198,3 +198,17 @@ def test_prometheus_text_and_accept_length_from_counter_deltas():
     assert tr.update({"lmdeploy:spec_decode_num_accepted_tokens_total": 0.0,
                       "lmdeploy:spec_decode_num_draft_tokens_total": 0.0}) == pytest.approx(3.0)  # reset: keep
     assert AcceptLengthTracker(0).update(s2) is None
+
+
+def test_serve_errors_derive_from_the_project_root_and_keep_their_builtin_bases():
+    import pickle
+
+    from orchestrator.errors import OrchestratorError
+    from orchestrator.serve.replica import EngineUnavailableError
+
+    assert issubclass(ApiError, OrchestratorError)
+    for cls in (NoHealthyDeploymentError, EngineUnavailableError):
+        assert issubclass(cls, OrchestratorError) and issubclass(cls, RuntimeError), cls
+        # raised in an engine replica, caught in the router: they cross Ray pickled
+        copy = pickle.loads(pickle.dumps(cls("why")))
+        assert type(copy) is cls and str(copy) == "why"

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from orchestrator.errors import OrchestratorError
 from orchestrator.table import BucketRoute, RoutingTable
 
 __all__ = [
@@ -35,7 +36,7 @@ __all__ = [
 ]
 
 
-class NoHealthyDeploymentError(RuntimeError):
+class NoHealthyDeploymentError(OrchestratorError, RuntimeError):
     """No deployment of the routing table has a healthy replica; the router answers 503."""
 
 

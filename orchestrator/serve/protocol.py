@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
+from orchestrator.errors import OrchestratorError
+
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "ApiError",
@@ -34,7 +36,7 @@ RequestKind = Literal["chat", "completions"]
 
 
 @dataclass(frozen=True)
-class ApiError(Exception):
+class ApiError(OrchestratorError):
     """An error answered to the client as an OpenAI-style body with ``status``."""
 
     status: int

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config import Backend, EngineConfig
-from orchestrator.errors import EngineDiedError, EngineNotReadyError
+from orchestrator.errors import EngineDiedError, EngineNotReadyError, OrchestratorError
 from orchestrator.sim.server import SIM_HEADER
 from orchestrator.serve.metrics import RUNNING, WAITING, AcceptLengthTracker, EngineMetrics, parse_prometheus_text
 
@@ -53,7 +53,7 @@ __all__ = ["EngineReplica", "EngineUnavailableError", "default_log_dir"]
 logger = logging.getLogger("ray.serve")
 
 
-class EngineUnavailableError(RuntimeError):
+class EngineUnavailableError(OrchestratorError, RuntimeError):
     """The replica's engine cannot take a request (dead, or did not answer). Raised *before* the
     first item of a stream, so the router can send the request elsewhere."""
 
