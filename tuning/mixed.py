@@ -2,9 +2,8 @@
 bucket, or the routing table's config per bucket.
 
 Why: a routing table runs one engine per distinct config. Whether that beats the best single config
-everywhere is what a user wants to know before deploying it, and the sweep's figures already say how
-much it can: on GPU run 5 (``benchmarks/results/gpu_e2e_h200_2026-11-30_run5/``) they predicted at
-most 1.08x, and serving measured 1.02x.
+everywhere is what a user wants to know before deploying it, and the sweep's figures already bound
+how much it can (on one H200 the prediction was 1.08x and serving measured 1.02x: docs/results.md).
 
 The prediction is the time to serve each bucket's share of the output tokens at that bucket's
 measured rate: ``total tokens / sum_b(tokens_b / throughput_b)``. It ignores what mixing does inside

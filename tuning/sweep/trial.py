@@ -174,8 +174,8 @@ def _within_time_budget(run_dir: str, guard: Callable[[], contextlib.AbstractCon
                         ) -> Callable[[], contextlib.AbstractContextManager[Any]]:
     """``guard`` (if any), then the sweep's time-budget check, right before the engine starts.
 
-    Tune suggests trials ahead of the resources they wait for (a 0.9-GPU baseline waited 9 minutes on
-    the H200), and a shared GPU's start-up lease can hold a trial back too: whether the budget allows a
+    Tune suggests trials ahead of the resources they wait for (a 0.9-GPU baseline can wait minutes for
+    its share), and a shared GPU's start-up lease can hold a trial back too: whether the budget allows a
     start is decided when the engine is about to start. Past it, :class:`TimeBudgetSpent` ends the trial
     as errored, without a result, so a resumed sweep runs it."""
 
