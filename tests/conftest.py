@@ -123,3 +123,23 @@ def serve_app():
             ray.shutdown()
 
     return run
+
+
+@pytest.fixture(scope="session")
+def sim_app_args():
+    """Builds the deploy args of a test app of simulated engines: ``routing_table``, the engines'
+    ``log_dir``, quick health checks and shutdowns and no CPU reservations (tests run on 2 cores),
+    then ``overrides`` merged in (``engine`` / ``router`` dicts key by key)."""
+
+    def build(table_path: Path, log_dir: Path, **overrides) -> dict:
+        args = {
+            "routing_table": str(table_path),
+            "engine": {"health_check_period_s": 2, "health_check_timeout_s": 10, "health_timeout_s": 3,
+                       "num_cpus": 0, "graceful_shutdown_timeout_s": 5, "log_dir": str(log_dir)},
+            "router": {"num_cpus": 0, "graceful_shutdown_timeout_s": 5},
+        }
+        for key, value in overrides.items():
+            args[key] = {**args[key], **value} if key in ("engine", "router") else value
+        return args
+
+    return build

@@ -33,10 +33,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.config import EngineConfig
-from orchestrator.ports import find_free_port
 from orchestrator.serve.protocol import ApiError, encode_body, parse_request
 from orchestrator import table as routing
-from orchestrator.fsutil import utc_now_iso
 from orchestrator.table import RoutingTableError
 
 MODEL = "intern-s2-preview-8xh200"
@@ -48,16 +46,6 @@ MAX_BODY = 64 * 1024
 BODY_TIMEOUT_S = 3.0
 
 # ----- the running router ------------------------------------------------------------------------------
-
-
-def _table() -> dict:
-    return {
-        "provenance": {"model": MODEL, "gpu_type": "none (simulated)", "gpu_count": 0, "sweep_id": "bad-input",
-                       "created_at": utc_now_iso(), "simulated": True},
-        "buckets": [{"name": "le4096", "max_output_len": 4096, "config": ENGINE.to_dict(),
-                     "figures": {"output_throughput": 1000.0}}],
-        "default_max_tokens": 16,
-    }
 
 
 class Router:
@@ -72,27 +60,13 @@ class Router:
 
 
 @pytest.fixture(scope="module")
-def router(tmp_path_factory):
-    ray = pytest.importorskip("ray")
-    serve = pytest.importorskip("ray.serve")
-    from orchestrator.deploy import deploy
-
+def router(tmp_path_factory, write_sim_table, sim_app_args, serve_app):
     tmp = tmp_path_factory.mktemp("bad-input")
-    table_path = tmp / "routing.json"
-    routing.commit(_table(), table_path)
-    port = find_free_port()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": port, "keep_alive_timeout_s": 5})
-    try:
-        deploy({"routing_table": str(table_path), "api_keys": [API_KEY], "sim_time_scale": 4.0,
-                "max_body_bytes": MAX_BODY, "body_timeout_s": BODY_TIMEOUT_S,
-                "engine": {"health_check_period_s": 2, "health_check_timeout_s": 10, "health_timeout_s": 3,
-                           "num_cpus": 0, "graceful_shutdown_timeout_s": 5, "log_dir": str(tmp / "engine-logs")},
-                "router": {"num_cpus": 0, "graceful_shutdown_timeout_s": 5}}, app_name=APP)
-        yield Router(f"http://127.0.0.1:{port}", port)
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    table = write_sim_table(tmp / "routing.json", [("le4096", 4096, ENGINE)], sweep_id="bad-input")
+    args = sim_app_args(table, tmp / "engine-logs", api_keys=[API_KEY], sim_time_scale=4.0,
+                        max_body_bytes=MAX_BODY, body_timeout_s=BODY_TIMEOUT_S)
+    with serve_app(args, app_name=APP, http_options={"keep_alive_timeout_s": 5}) as base:
+        yield Router(base, int(base.rsplit(":", 1)[1]))
 
 
 GOOD_CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

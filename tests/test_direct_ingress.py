@@ -113,24 +113,16 @@ finally:
 
 
 @pytest.mark.timeout(240)
-def test_deploy_prints_router_replica_urls_that_serve_the_openai_api(tmp_path: Path):
+def test_deploy_prints_router_replica_urls_that_serve_the_openai_api(tmp_path: Path, write_sim_table):
     import openai
 
     from orchestrator.config import EngineConfig
     from orchestrator.ports import find_free_port
-    from orchestrator import table as routing
-    from orchestrator.fsutil import utc_now_iso
 
     model = "intern-s2-preview-8xh200"
     cfg = EngineConfig(backend="sim", model=model, tp=8)
-    table = tmp_path / "routing.json"
-    routing.commit({
-        "provenance": {"model": model, "gpu_type": "none (simulated)", "gpu_count": 0, "sweep_id": "test-di",
-                       "created_at": utc_now_iso(), "simulated": True},
-        "buckets": [{"name": "all", "max_output_len": 4096, "config": cfg.to_dict(),
-                     "figures": {"output_throughput": 1.0}}],
-        "default_max_tokens": 16,
-    }, table)
+    table = write_sim_table(tmp_path / "routing.json", [("all", 4096, cfg)], sweep_id="test-di",
+                            figures={"output_throughput": 1.0})
     key = "sk-direct-ingress-test"
     (tmp_path / "keys.txt").write_text(key + "\n")
     proxy_port = find_free_port()

@@ -24,9 +24,6 @@ import httpx
 import pytest
 
 from orchestrator.config import EngineConfig
-from orchestrator.ports import find_free_port
-from orchestrator import table as routing
-from orchestrator.fsutil import utc_now_iso
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
@@ -41,19 +38,6 @@ HEADERS = {"authorization": f"Bearer {API_KEY}"}
 pytestmark = pytest.mark.timeout(300)
 
 
-def _table() -> dict:
-    figures = {"output_throughput": 1000.0}
-    return {
-        "provenance": {"model": MODEL, "gpu_type": "none (simulated)", "gpu_count": 0, "sweep_id": "rel-serve",
-                       "created_at": utc_now_iso(), "simulated": True},
-        "buckets": [
-            {"name": "le256", "max_output_len": 256, "config": NOSPEC.to_dict(), "figures": figures},
-            {"name": "le8192", "max_output_len": 8192, "config": MTP3.to_dict(), "figures": figures},
-        ],
-        "default_max_tokens": 64,
-    }
-
-
 class Cluster:
     def __init__(self, base: str) -> None:
         self.base = base
@@ -66,25 +50,16 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    from orchestrator.deploy import deploy
-
+def cluster(tmp_path_factory, write_sim_table, sim_app_args, serve_app):
     tmp = tmp_path_factory.mktemp("rel-serve")
-    table_path = tmp / "routing.json"
-    routing.commit(_table(), table_path)
-    port = find_free_port()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    try:
-        deploy({"routing_table": str(table_path), "api_keys": [API_KEY], "sim_time_scale": 4.0,
-                "engine": {"health_check_period_s": 1, "health_check_timeout_s": 5, "health_timeout_s": 2,
-                           "metrics_poll_s": 1, "num_cpus": 0, "graceful_shutdown_timeout_s": 10,
-                           "log_dir": str(tmp / "engine-logs")},
-                "router": {"num_cpus": 0, "status_refresh_s": 0.5, "graceful_shutdown_timeout_s": 10}}, app_name=APP)
-        yield Cluster(f"http://127.0.0.1:{port}")
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    table = write_sim_table(tmp / "routing.json", [("le256", 256, NOSPEC), ("le8192", 8192, MTP3)],
+                            sweep_id="rel-serve", default_max_tokens=64)
+    args = sim_app_args(table, tmp / "engine-logs", api_keys=[API_KEY], sim_time_scale=4.0,
+                        engine={"health_check_period_s": 1, "health_check_timeout_s": 5, "health_timeout_s": 2,
+                                "metrics_poll_s": 1, "graceful_shutdown_timeout_s": 10},
+                        router={"status_refresh_s": 0.5, "graceful_shutdown_timeout_s": 10})
+    with serve_app(args, app_name=APP) as base:
+        yield Cluster(base)
 
 
 def _pid_alive(pid: int) -> bool:

@@ -27,9 +27,7 @@ import pytest
 
 from orchestrator.config import Backend, EngineConfig
 from orchestrator.engine import engine_argv
-from orchestrator.ports import find_free_port
 from orchestrator import table as routing
-from orchestrator.fsutil import utc_now_iso
 
 MODEL = "intern-s2-preview-8xh200"
 API_KEY = "sk-security-test-6f1c0e4b9a"
@@ -41,45 +39,23 @@ ENGINE = EngineConfig(backend="sim", model=MODEL, tp=8)
 pytestmark = pytest.mark.timeout(240)
 
 
-def _table() -> dict:
-    return {
-        "provenance": {"model": MODEL, "gpu_type": "none (simulated)", "gpu_count": 0, "sweep_id": "security",
-                       "created_at": utc_now_iso(), "simulated": True},
-        "buckets": [{"name": "le4096", "max_output_len": 4096, "config": ENGINE.to_dict(),
-                     "figures": {"output_throughput": 1000.0}}],
-        "default_max_tokens": 16,
-    }
-
-
 class Cluster:
     def __init__(self, base: str, log_dir: Path, session_dir: Path) -> None:
         self.base, self.log_dir, self.session_dir = base, log_dir, session_dir
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    ray = pytest.importorskip("ray")
-    serve = pytest.importorskip("ray.serve")
-    from orchestrator.deploy import deploy
-
+def cluster(tmp_path_factory, write_sim_table, sim_app_args, serve_app):
     tmp = tmp_path_factory.mktemp("security")
-    table_path = tmp / "routing.json"
-    routing.commit(_table(), table_path)
-    port = find_free_port()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    # This cluster's own session folder: /tmp/ray/session_latest may be another test run's.
-    session_dir = Path(ray._private.worker._global_node.get_session_dir_path())
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    try:
-        deploy({"routing_table": str(table_path), "api_keys": [API_KEY],
-                "api_key_sha256": [hashlib.sha256(SECOND_KEY.encode()).hexdigest()], "sim_time_scale": 4.0,
-                "engine": {"health_check_period_s": 2, "health_check_timeout_s": 10, "health_timeout_s": 3,
-                           "num_cpus": 0, "graceful_shutdown_timeout_s": 5, "log_dir": str(tmp / "engine-logs")},
-                "router": {"num_cpus": 0, "graceful_shutdown_timeout_s": 5}}, app_name=APP)
-        yield Cluster(f"http://127.0.0.1:{port}", tmp / "engine-logs", session_dir)
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    table = write_sim_table(tmp / "routing.json", [("le4096", 4096, ENGINE)], sweep_id="security")
+    args = sim_app_args(table, tmp / "engine-logs", api_keys=[API_KEY],
+                        api_key_sha256=[hashlib.sha256(SECOND_KEY.encode()).hexdigest()], sim_time_scale=4.0)
+    with serve_app(args, app_name=APP) as base:
+        import ray
+
+        # This cluster's own session folder: /tmp/ray/session_latest may be another test run's.
+        session_dir = Path(ray._private.worker._global_node.get_session_dir_path())
+        yield Cluster(base, tmp / "engine-logs", session_dir)
 
 
 def _chat(http: httpx.Client, base: str, headers: dict, url_suffix: str = "") -> httpx.Response:
@@ -118,7 +94,7 @@ def test_keys_are_required_on_every_data_endpoint(cluster: Cluster):
         assert r.status_code == 200 and "key" not in r.text.lower()
 
 
-def test_key_check_is_constant_time_over_digests(monkeypatch):
+def test_key_check_is_constant_time_over_digests(monkeypatch, tmp_path, write_sim_table):
     """Spy on the standard library's ``hmac.compare_digest`` while the real router code checks keys:
     it is called once per configured key whatever the token (no early exit on a match or on a length
     mismatch), always on 32-byte digests, and nothing else compares the token."""
@@ -129,7 +105,8 @@ def test_key_check_is_constant_time_over_digests(monkeypatch):
     from orchestrator.serve.router import Router, RouterSpec, hash_api_key
 
     keys = (API_KEY, SECOND_KEY, "sk-third")
-    spec = RouterSpec(table_json=routing.parse(_table()).to_json(), served_model_names=(MODEL,),
+    table = write_sim_table(tmp_path / "routing.json", [("le4096", 4096, ENGINE)], sweep_id="security")
+    spec = RouterSpec(table_json=routing.load(table).to_json(), served_model_names=(MODEL,),
                       api_key_sha256=tuple(hash_api_key(k) for k in keys))
     router = Router(spec.to_dict(), engines={})  # outside Serve: no replica context, no engines needed
     calls: list[tuple[int, int]] = []

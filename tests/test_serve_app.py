@@ -23,9 +23,6 @@ import pytest
 import yaml
 
 from orchestrator.config import EngineConfig
-from orchestrator.ports import find_free_port
-from orchestrator import table as routing
-from orchestrator.fsutil import utc_now_iso
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
@@ -41,33 +38,24 @@ MTP2 = MTP3.replace(num_draft_tokens=2)
 pytestmark = pytest.mark.timeout(240)
 
 
-def _table(long_config: EngineConfig) -> dict:
-    figures = {"output_throughput": 1000.0}
-    return {
-        "provenance": {"model": MODEL, "gpu_type": "none (simulated)", "gpu_count": 0, "sweep_id": "test-serve",
-                       "created_at": utc_now_iso(), "simulated": True},
-        "buckets": [
-            {"name": "le256", "max_output_len": 256, "config": NOSPEC.to_dict(), "figures": figures},
-            {"name": "le4096", "max_output_len": 4096, "config": long_config.to_dict(), "figures": figures},
-        ],
-        "default_max_tokens": 128,
-    }
+def _buckets(long_config: EngineConfig) -> list[tuple[str, int, EngineConfig]]:
+    """The app's table: short requests to the engine without speculation, long ones to ``long_config``."""
+    return [("le256", 256, NOSPEC), ("le4096", 4096, long_config)]
 
 
-def _args(table_path: Path, log_dir: Path) -> dict:
-    return {
-        "routing_table": str(table_path),
-        "api_keys": [API_KEY],
-        "sim_time_scale": TIME_SCALE,
-        "engine": {"health_check_period_s": 1, "health_check_timeout_s": 5, "health_timeout_s": 2,
-                   "metrics_poll_s": 1, "num_cpus": 0, "graceful_shutdown_timeout_s": 120, "log_dir": str(log_dir)},
-        "router": {"num_cpus": 0, "status_refresh_s": 0.5, "graceful_shutdown_timeout_s": 120},
-    }
+def _app_args(sim_app_args, table_path: Path, log_dir: Path) -> dict:
+    """This app's deploy args for ``table_path``: keys, time scale, long graceful shutdowns."""
+    return sim_app_args(
+        table_path, log_dir, api_keys=[API_KEY], sim_time_scale=TIME_SCALE,
+        engine={"health_check_period_s": 1, "health_check_timeout_s": 5, "health_timeout_s": 2,
+                "metrics_poll_s": 1, "graceful_shutdown_timeout_s": 120},
+        router={"status_refresh_s": 0.5, "graceful_shutdown_timeout_s": 120})
 
 
 class Cluster:
-    def __init__(self, base: str, table_path: Path, log_dir: Path) -> None:
+    def __init__(self, base: str, table_path: Path, log_dir: Path, write_table, app_args) -> None:
         self.base, self.table_path, self.log_dir = base, table_path, log_dir
+        self._write_table, self._app_args = write_table, app_args
         # This cluster's own session folder: /tmp/ray/session_latest may be another test run's.
         self.session_dir = Path(ray._private.worker._global_node.get_session_dir_path())
         self.client = openai.OpenAI(base_url=base + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
@@ -79,30 +67,27 @@ class Cluster:
         self.engine_pids.add(info["pid"])
         return info
 
+    def write_table(self, path: Path, long_config: EngineConfig) -> Path:
+        return self._write_table(path, _buckets(long_config), sweep_id="test-serve", default_max_tokens=128)
+
+    def args(self, table_path: Path) -> dict:
+        return _app_args(self._app_args, table_path, self.log_dir)
+
     def sim_requests(self, config: EngineConfig) -> float:
         text = httpx.get(self.engine_info(config)["base_url"] + "/metrics", timeout=10).text
         return sum(float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith("sim_requests_total"))
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    from orchestrator.deploy import deploy
-
+def cluster(tmp_path_factory, write_sim_table, sim_app_args, serve_app):
     tmp = tmp_path_factory.mktemp("serve")
     table_path = tmp / "routing.json"
-    routing.commit(_table(MTP3), table_path)
-    port = find_free_port()
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    c = Cluster(f"http://127.0.0.1:{port}", table_path, tmp / "engine-logs")
-    try:
-        deploy(_args(table_path, c.log_dir), app_name=APP)
+    write_sim_table(table_path, _buckets(MTP3), sweep_id="test-serve", default_max_tokens=128)
+    with serve_app(_app_args(sim_app_args, table_path, tmp / "engine-logs"), app_name=APP, num_cpus=4) as base:
+        c = Cluster(base, table_path, tmp / "engine-logs", write_sim_table, sim_app_args)
         for cfg in (NOSPEC, MTP3):
             c.engine_info(cfg)
         yield c
-    finally:
-        serve.shutdown()
-        ray.shutdown()
     # Graceful shutdown ran each replica's __del__, which stops its engine's process group.
     deadline = time.monotonic() + 30
     alive = set(c.engine_pids)
@@ -376,14 +361,14 @@ def test_invalid_table_is_refused_before_anything_changes(cluster: Cluster, tmp_
     from orchestrator.table import RoutingTableError
 
     bad = tmp_path / "bad.json"
-    data = _table(MTP2)
+    data = json.loads(cluster.write_table(tmp_path / "good.json", MTP2).read_text())
     data["buckets"].reverse()  # bounds not increasing
     bad.write_text(json.dumps(data))
     proc = subprocess.run([sys.executable, "-m", "orchestrator.deploy", "--routing-table", str(bad)],
                           capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
     assert proc.returncode == 2 and "strictly increasing" in proc.stderr, proc.stderr
     with pytest.raises(RoutingTableError):
-        deploy(_args(bad, cluster.log_dir), app_name=APP)
+        deploy(cluster.args(bad), app_name=APP)
     r = httpx.post(cluster.base + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 300},
                    headers={"authorization": f"Bearer {API_KEY}"}, timeout=60)
     assert r.status_code == 200 and r.headers["x-routing-table-version"] == "1"
@@ -436,7 +421,7 @@ def test_table_update_with_requests_in_flight_loses_none(cluster: Cluster):
                        headers=headers, timeout=300)
         return r.status_code
 
-    routing.commit(_table(MTP2), cluster.table_path)  # v2: the long bucket changes config
+    cluster.write_table(cluster.table_path, MTP2)  # v2: the long bucket changes config
     with cf.ThreadPoolExecutor(24) as pool:
         streams = [pool.submit(long_stream, i) for i in range(6)]
         time.sleep(1.0)  # they are in flight
@@ -452,7 +437,7 @@ def test_table_update_with_requests_in_flight_loses_none(cluster: Cluster):
 
         trickler = pool.submit(trickle)
         in_flight_at_update = sum(not f.done() for f in streams)
-        result = deploy(_args(cluster.table_path, cluster.log_dir), app_name=APP)
+        result = deploy(cluster.args(cluster.table_path), app_name=APP)
         assert result.steps == ("add", "switch", "remove") and result.removed == (MTP3.key(),)
         stop = time.monotonic()
         trickler.result()
