@@ -13,6 +13,18 @@ Write a config for ``serve deploy`` (declarative)::
 The table is loaded and validated first; an invalid table, scaling or argument exits with status 2
 before anything on the cluster is touched, and the running application stays as it was.
 
+Where it runs and who can reach it:
+
+- **Cluster**: ``--address`` / ``RAY_ADDRESS``, else a cluster ``ray start`` left running on this
+  machine, else a new local cluster. That last one lives only as long as this command, so the command
+  then stays in the foreground until Ctrl-C (``--no-blocking`` exits anyway); with a cluster of its
+  own the app stays deployed and the command returns.
+- **Token**: Ray 2.60 clusters check a token; :mod:`orchestrator.raycluster` sends the local
+  ``~/.ray/auth_token`` to a cluster on this machine, and says exactly what to set otherwise.
+- **Listening**: Serve's proxy binds ``127.0.0.1`` unless ``--http-host`` says otherwise
+  (``0.0.0.0``: every interface; a warning when no API key is set).
+- After deploying it prints a first request with curl and with the openai client.
+
 Updating a running app goes in three ``serve.run`` steps, so neither in-flight nor new requests are
 dropped even when every engine config changes:
 

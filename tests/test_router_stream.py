@@ -319,3 +319,25 @@ def test_serve_cancelling_the_receive_channel_ends_a_stream_without_an_error(cap
     assert [m.get("body") for m in sent if m["type"] == "http.response.body"] == [b"data: 1\n\n"]
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert any("cancelled" in r.getMessage() and r.levelno == logging.DEBUG for r in caplog.records)
+
+
+def test_a_router_of_real_engines_says_they_are_not_simulated():
+    """/sim/info answers 404 and no response carries the simulated marker unless every engine of the
+    table is simulated (the simulated case runs on real Serve in tests/test_serve_app.py)."""
+    from starlette.requests import Request
+
+    real = EngineConfig(backend="pytorch", model="/models/m", tp=1)
+    table = {**TABLE, "buckets": [{**TABLE["buckets"][0], "config": real.to_dict()}],
+             "provenance": {**TABLE["provenance"], "simulated": False}}
+    router = Router(RouterSpec(table_json=json.dumps(table), served_model_names=(MODEL,)).to_dict(), {real.key(): _Handle()})
+    request = Request({"type": "http", "method": "GET", "path": "/sim/info", "headers": [], "query_string": b""})
+
+    async def ask() -> tuple[Any, Any]:
+        return await router.sim_info(request), await router.models(request)
+
+    info, models = asyncio.run(ask())
+    assert info.status_code == 404 and json.loads(info.body)["error"]["type"] == "not_found"
+    assert "x-simulated-engine" not in models.headers and "x-simulated-engine" not in info.headers
+    sim_router, _ = _router()
+    models = asyncio.run(sim_router.models(request))
+    assert models.headers["x-simulated-engine"] == "true"
