@@ -5,8 +5,9 @@ Why: TurboMind has no speculative decoding, so for each bucket, load and samplin
 a faster plain engine or a slower engine that drafts. This is the first measurement of that choice
 (issue #19 item 3), on the project's small test checkpoint.
 
-How: one engine on the GPU at a time. Each engine is started, sent one unmeasured full-length wave
-(warm-up: kernels, CUDA graphs, allocator), then one measured wave per temperature (the same requests
+How: one engine on the GPU at a time. Each engine is started, sent one unmeasured full-length wave per
+temperature (warm-up: kernels, CUDA graphs, allocator; the first sampled wave after a start was seen
+to pay a one-time cost when the warm-up was greedy only), then one measured wave per temperature (the same requests
 for every engine: same seed, fixed lengths). Two rounds, the second in reverse order (ABC, CBA), so
 a drift of the machine touches every engine alike; the engine at the turn stays up across it. Every
 figure is kept per round, with its mean and spread ((max - min) / mean).
@@ -95,7 +96,8 @@ def render_markdown(res: dict[str, Any]) -> str:
              f"Host: {json.dumps(res.get('host', {}))}  ",
              f"Checkpoint: `{res['ckpt']}`; workload: {w['num_prompts']} requests at concurrency {w['concurrency']}, "
              f"input {w['input_len']} / output {w['output_len']} tokens (fixed, ignore_eos), one measured wave per "
-             f"temperature per round, after one unmeasured full-length wave per engine start; "
+             f"temperature per round, after {res.get('warmup', 'one unmeasured full-length wave per temperature')} per "
+             f"engine start; "
              f"{res['rounds']} rounds, order per round: {' | '.join(', '.join(o) for o in res['order'])}.",
              "", "| engine | T | output tok/s per round | mean | spread | vs PyTorch MTP off (mean; range) | accept length |",
              "|---|---|---|---|---|---|---|"]
@@ -151,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         "simulated": a.sim, "ckpt": a.ckpt, "draft_tokens": a.draft_tokens, "rounds": a.rounds, "order": order,
         "workload": {"concurrency": a.concurrency, "num_prompts": a.num_prompts, "input_len": a.input_len,
                      "output_len": a.output_len, "temperatures": temps},
+        "warmup": "one unmeasured full-length wave per temperature",
         "engines": {n: c.to_dict() for n, c in configs.items()}, "host": measured_on(),
         "versions": _versions(), "starts": [], "rows": [], "summary": {}, "notes": [],
     }
@@ -189,8 +192,9 @@ def main(argv: list[str] | None = None) -> int:
                     eng.wait_until_ready()
                     res["starts"].append({"engine": name, "round": rnd, "ready_s": round(time.monotonic() - ts, 1)})
                     log(f"{name} ready in {res['starts'][-1]['ready_s']} s: {' '.join(eng.argv)}")
-                    benchmark(eng.base_url, workload(0.0, a.concurrency, warmup=True), tokenizer=tokenizer,
-                              request_timeout_s=600)
+                    for temp in temps:  # every sampling path once: its kernels compile on first use
+                        benchmark(eng.base_url, workload(temp, a.concurrency, warmup=True), tokenizer=tokenizer,
+                                  request_timeout_s=600)
                 eng = running[1]
                 for temp in temps:
                     r = benchmark(eng.base_url, workload(temp, a.num_prompts), tokenizer=tokenizer,
