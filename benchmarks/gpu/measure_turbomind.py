@@ -6,13 +6,15 @@ a faster plain engine or a slower engine that drafts. This is the first measurem
 (issue #19 item 3), on the project's small test checkpoint.
 
 How: one engine on the GPU at a time. Each engine is started, sent one unmeasured full-length wave per
-temperature (warm-up: kernels, CUDA graphs, allocator; the first sampled wave after a start was seen
-to pay a one-time cost when the warm-up was greedy only), then one measured wave per temperature (the same requests
-for every engine: same seed, fixed lengths). Two rounds, the second in reverse order (ABC, CBA), so
-a drift of the machine touches every engine alike; the engine at the turn stays up across it. Every
-figure is kept per round, with its mean and spread ((max - min) / mean).
+temperature at the largest concurrency (warm-up: kernels, CUDA graphs, allocator; the first sampled
+wave after a start was seen to pay a one-time cost when the warm-up was greedy only), then one
+measured wave per (concurrency, temperature) cell: the same requests for every engine (same seed,
+fixed lengths). Two rounds, the second in reverse order (ABC, CBA), so a drift of the machine touches
+every engine alike; the engine at the turn stays up across it. Every figure is kept per round, with
+its mean and spread ((max - min) / mean). Without MTP the work does not depend on the weights (fixed
+lengths, dense model), so an oracle checkpoint of the same shape measures the plain engines as well.
 
-    python benchmarks/gpu/measure_turbomind.py --ckpt /root/ckpt --out $OUT [--deadline-s 480]
+    python benchmarks/gpu/measure_turbomind.py --ckpt /root/ckpt --out $OUT [--concurrency 8,64,256] [--deadline-s 480]
     python benchmarks/gpu/measure_turbomind.py --sim --out /tmp/tm      # dry run, simulated engines
     python benchmarks/gpu/measure_turbomind.py --render results.json     # the markdown report
 
@@ -59,26 +61,27 @@ def engine_configs(ckpt: str, *, sim: bool, memory_fraction: float, max_batch_si
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per (engine, temperature): throughputs per round, mean, spread; and each engine's mean over the
-    PyTorch engine without MTP at the same temperature, with the range the per-round extremes allow."""
-    groups: dict[tuple[str, float], list[float]] = {}
+    """Per (engine, concurrency, temperature): throughputs per round, mean, spread; and each engine's
+    mean over the PyTorch engine without MTP in the same cell, with the range the per-round extremes
+    allow."""
+    groups: dict[tuple[str, int, float], list[dict[str, Any]]] = {}
     for r in rows:
         if r.get("output_throughput") and not r.get("failed"):
-            groups.setdefault((r["engine"], r["temperature"]), []).append(r["output_throughput"])
+            groups.setdefault((r["engine"], r.get("concurrency", 64), r["temperature"]), []).append(r)
     out: dict[str, Any] = {}
-    for (engine, temp), vals in sorted(groups.items()):
+    for (engine, conc, temp), rs in sorted(groups.items()):
+        vals = [r["output_throughput"] for r in rs]
         mean = statistics.fmean(vals)
-        accept = [r["accept_length"] for r in rows
-                  if r["engine"] == engine and r["temperature"] == temp and r.get("accept_length")]
-        out[f"{engine}@T{temp:g}"] = {
-            "engine": engine, "temperature": temp, "rounds": len(vals),
+        accept = [r["accept_length"] for r in rs if r.get("accept_length")]
+        out[f"{engine}@c{conc}@T{temp:g}"] = {
+            "engine": engine, "concurrency": conc, "temperature": temp, "rounds": len(vals),
             "output_throughput": [round(v, 1) for v in vals], "mean": round(mean, 1),
             "min": round(min(vals), 1), "max": round(max(vals), 1),
             "spread": round((max(vals) - min(vals)) / mean, 4),
             "accept_length": [round(a, 3) for a in accept] or None,
         }
-    for key, s in out.items():
-        base = out.get(f"pytorch-mtp-off@T{s['temperature']:g}")
+    for s in out.values():
+        base = out.get(f"pytorch-mtp-off@c{s['concurrency']}@T{s['temperature']:g}")
         if base and s["engine"] != "pytorch-mtp-off":
             s["vs_pytorch_mtp_off"] = {"ratio_of_means": round(s["mean"] / base["mean"], 3),
                                        "low": round(s["min"] / base["max"], 3),
@@ -89,24 +92,28 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def render_markdown(res: dict[str, Any]) -> str:
     sim = res.get("simulated")
     w = res["workload"]
-    lines = [f"# TurboMind vs PyTorch engine (MTP off, MTP-{res['draft_tokens']}) {'— SIMULATED' if sim else ''}".rstrip(),
+    concs = w["concurrency"] if isinstance(w["concurrency"], list) else [w["concurrency"]]
+    engines = ", ".join(res["engines"])
+    lines = [f"# TurboMind vs LMDeploy's PyTorch engine ({engines}){' — SIMULATED' if sim else ''}",
              "",
              f"Command: `{res['command']}`  ",
              f"Versions: {json.dumps(res.get('versions', {}))}  ",
              f"Host: {json.dumps(res.get('host', {}))}  ",
-             f"Checkpoint: `{res['ckpt']}`; workload: {w['num_prompts']} requests at concurrency {w['concurrency']}, "
-             f"input {w['input_len']} / output {w['output_len']} tokens (fixed, ignore_eos), one measured wave per "
-             f"temperature per round, after {res.get('warmup', 'one unmeasured full-length wave per temperature')} per "
-             f"engine start; "
+             f"Checkpoint: `{res['ckpt']}`; workload: concurrency {', '.join(map(str, concs))}, one wave of as many "
+             f"requests as the concurrency (`num_prompts` {w.get('num_prompts') or 'per concurrency'}), input "
+             f"{w['input_len']} / output {w['output_len']} tokens (fixed, ignore_eos), one measured wave per cell per "
+             f"round, after {res.get('warmup', 'one unmeasured full-length wave per temperature')} per engine start; "
              f"{res['rounds']} rounds, order per round: {' | '.join(', '.join(o) for o in res['order'])}.",
-             "", "| engine | T | output tok/s per round | mean | spread | vs PyTorch MTP off (mean; range) | accept length |",
-             "|---|---|---|---|---|---|---|"]
+             "", "| engine | concurrency | T | output tok/s per round | mean | spread | vs PyTorch MTP off (mean; range) "
+             "| accept length |",
+             "|---|---|---|---|---|---|---|---|"]
     for s in res["summary"].values():
         v = s.get("vs_pytorch_mtp_off")
         vs = f"{v['ratio_of_means']:.2f}x ({v['low']:.2f}–{v['high']:.2f})" if v else "—"
         acc = ", ".join(f"{a:.2f}" for a in s["accept_length"]) if s.get("accept_length") else "—"
-        lines.append(f"| {s['engine']} | {s['temperature']:g} | {', '.join(f'{x:,.0f}' for x in s['output_throughput'])} "
-                     f"| {s['mean']:,.0f} | {s['spread']:.1%} | {vs} | {acc} |")
+        lines.append(f"| {s['engine']} | {s.get('concurrency', concs[0])} | {s['temperature']:g} | "
+                     f"{', '.join(f'{x:,.0f}' for x in s['output_throughput'])} | {s['mean']:,.0f} | {s['spread']:.1%} "
+                     f"| {vs} | {acc} |")
     lines += ["", "Engine starts (s to ready): " + ", ".join(f"{e['engine']} {e['ready_s']}" for e in res["starts"]),
               ""]
     lines += [f"- {n}" for n in res.get("notes", [])]
@@ -119,8 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sim", action="store_true", help="simulated engines (a dry run of this script; no GPU figure)")
     p.add_argument("--out", type=Path, help="folder for turbomind_results.json and engine logs")
     p.add_argument("--render", type=Path, help="print the markdown report of a results JSON and exit")
-    p.add_argument("--concurrency", type=int, default=64)
-    p.add_argument("--num-prompts", type=int, default=64, help="requests per measured wave")
+    p.add_argument("--concurrency", default="64", help="comma-separated concurrencies (one cell each)")
+    p.add_argument("--num-prompts", type=int, default=None, help="requests per measured cell (default: one wave, "
+                   "as many as the concurrency)")
+    p.add_argument("--engines", default=",".join(ENGINES), help=f"a subset of {','.join(ENGINES)} "
+                   "(MTP's draft count from --draft-tokens)")
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=512)
     p.add_argument("--temperatures", default="0,0.8")
@@ -142,8 +152,14 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.monotonic()
     a.out.mkdir(parents=True, exist_ok=True)
-    configs = engine_configs(a.ckpt, sim=a.sim, memory_fraction=a.memory_fraction, max_batch_size=a.concurrency,
+    concs = [int(c) for c in a.concurrency.split(",")]
+    configs = engine_configs(a.ckpt, sim=a.sim, memory_fraction=a.memory_fraction, max_batch_size=max(concs),
                              draft_tokens=a.draft_tokens)
+    wanted = [e.replace("mtp3", f"mtp{a.draft_tokens}") for e in a.engines.split(",")]
+    unknown = sorted(set(wanted) - set(configs))
+    if unknown:
+        p.error(f"--engines {unknown} unknown; known: {sorted(configs)}")
+    configs = {n: configs[n] for n in wanted}
     names = list(configs)
     order = [names if r % 2 == 0 else names[::-1] for r in range(a.rounds)]
     temps = [float(t) for t in a.temperatures.split(",")]
@@ -151,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     res: dict[str, Any] = {
         "command": " ".join(["python", "benchmarks/gpu/measure_turbomind.py", *(argv if argv is not None else sys.argv[1:])]),
         "simulated": a.sim, "ckpt": a.ckpt, "draft_tokens": a.draft_tokens, "rounds": a.rounds, "order": order,
-        "workload": {"concurrency": a.concurrency, "num_prompts": a.num_prompts, "input_len": a.input_len,
+        "workload": {"concurrency": concs, "num_prompts": a.num_prompts, "input_len": a.input_len,
                      "output_len": a.output_len, "temperatures": temps},
         "warmup": "one unmeasured full-length wave per temperature",
         "engines": {n: c.to_dict() for n, c in configs.items()}, "host": measured_on(),
@@ -167,10 +183,10 @@ def main(argv: list[str] | None = None) -> int:
         res["elapsed_s"] = round(time.monotonic() - t0, 1)
         out_json.write_text(json.dumps(res, indent=1))
 
-    def workload(temp: float, n: int, warmup: bool = False) -> Workload:
+    def workload(temp: float, conc: int, warmup: bool = False) -> Workload:
         return Workload(dataset="random", input_len=a.input_len, output_len=a.output_len, range_ratio=1.0,
-                        num_prompts=n, max_concurrency=a.concurrency, temperature=temp, seed=0, ignore_eos=True,
-                        name="warmup" if warmup else f"T{temp:g}")
+                        num_prompts=a.num_prompts or conc, max_concurrency=conc, temperature=temp, seed=0,
+                        ignore_eos=True, name="warmup" if warmup else f"c{conc}-T{temp:g}")
 
     running: tuple[str, Any] | None = None
     try:
@@ -193,13 +209,13 @@ def main(argv: list[str] | None = None) -> int:
                     res["starts"].append({"engine": name, "round": rnd, "ready_s": round(time.monotonic() - ts, 1)})
                     log(f"{name} ready in {res['starts'][-1]['ready_s']} s: {' '.join(eng.argv)}")
                     for temp in temps:  # every sampling path once: its kernels compile on first use
-                        benchmark(eng.base_url, workload(temp, a.concurrency, warmup=True), tokenizer=tokenizer,
+                        benchmark(eng.base_url, workload(temp, max(concs), warmup=True), tokenizer=tokenizer,
                                   request_timeout_s=600)
                 eng = running[1]
-                for temp in temps:
-                    r = benchmark(eng.base_url, workload(temp, a.num_prompts), tokenizer=tokenizer,
+                for conc, temp in [(c, t) for c in concs for t in temps]:
+                    r = benchmark(eng.base_url, workload(temp, conc), tokenizer=tokenizer,
                                   engine_config=configs[name], request_timeout_s=600).to_dict()
-                    row = {"round": rnd, "engine": name, "temperature": temp,
+                    row = {"round": rnd, "engine": name, "concurrency": conc, "temperature": temp,
                            "output_throughput": r.get("output_throughput"), "duration_s": r.get("duration_s"),
                            "completed": r.get("completed"), "failed": r.get("failed"),
                            "accept_length": r.get("accept_length"),
@@ -207,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                            "tpot_ms_median": (r.get("tpot_ms") or {}).get("median"),
                            "at_s": round(time.monotonic() - t0, 1)}
                     res["rows"].append(row)
-                    log(f"round {rnd} {name} T={temp:g}: {row['output_throughput']:,.0f} tok/s "
+                    log(f"round {rnd} {name} c={conc} T={temp:g}: {row['output_throughput']:,.0f} tok/s "
                         f"in {row['duration_s']:.1f} s, accept {row['accept_length']}")
                     save()
     finally:

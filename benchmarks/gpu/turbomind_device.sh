@@ -10,6 +10,11 @@
 #       compile meanwhile training runs), waits for the trained weights, runs the tests again on them
 #   then:                OUT=$OUT bash benchmarks/gpu/turbomind_device.sh measure [DEADLINE_S]
 #       benchmarks/gpu/measure_turbomind.py on /root/ckpt (TurboMind vs PyTorch MTP off vs MTP-3)
+# The plain engines alone, without training (their work does not depend on the weights):
+#   carry [".stage/t1"]: NO_TRAIN=1 OUT=$OUT bash benchmarks/gpu/turbomind_device.sh t1
+#   carry [".stage/t2"]: OUT=$OUT bash benchmarks/gpu/turbomind_device.sh t2-plain [DEADLINE_S]
+#       installs part 2, builds an oracle checkpoint of the test shape, measures TurboMind vs PyTorch
+#       MTP off at concurrency 8, 64 and 256
 set -u
 STEP=${1:?t1, t2 or measure}
 OUT=${OUT:?set OUT}
@@ -34,6 +39,7 @@ case $STEP in
     fi
     cat /root/tm/env.sh | tee "$OUT/tm_env.sh"
     nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
+    [ -n "${NO_TRAIN:-}" ] && exit 0
     # Training: a new session, so it outlives this call (the machine runs it until it goes back).
     setsid nohup python3 -m tuning.checkpoint.train /root/ckpt --minutes "${TRAIN_MINUTES:-3}" \
       > /root/tm/train.log 2>&1 < /dev/null &
@@ -54,6 +60,13 @@ case $STEP in
       -o cache_dir=/tmp/pc 2>&1 | tee "$OUT/gpu_tests_trained.log" | grep -E "PASSED|FAILED|ERROR|ready in|passed|failed|prompt "
     echo "pytest (trained) exit $?"
     cp /root/ckpt/train_report.json /root/ckpt/mtp_expected.json "$OUT/" 2>/dev/null
+    ;;
+  t2-plain)
+    bash .stage/t2/install_part.sh
+    python3 -m tuning.checkpoint.build /root/oracle --oracle --tokenizer-bytes 2097152 | tail -1
+    python3 benchmarks/gpu/measure_turbomind.py --ckpt /root/oracle --out "$OUT/measure" --engines turbomind,pytorch-mtp-off \
+      --concurrency 8,64,256 --deadline-s "${2:-420}" 2>&1 | tee "$OUT/measure.log" | grep -vE "^\s*$"
+    tar czf "$OUT/engine-logs.tgz" -C "$OUT/measure" engine-logs && rm -rf "$OUT/measure/engine-logs"
     ;;
   measure)
     cp /root/ckpt/train_report.json /root/ckpt/mtp_expected.json "$OUT/" 2>/dev/null
