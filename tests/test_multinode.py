@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import table as routing
+from orchestrator.config import EngineConfig
 from tuning.buckets import make_buckets
 from tuning.sweep import SweepSpec, run_sweep
 
@@ -322,6 +323,7 @@ BUCKET_CONFIGS = {  # bucket -> engine config: one engine deployment per bucket
     "le1024": {**OFF, "speculative_algorithm": "qwen3_5_mtp", "num_draft_tokens": 2},
     "le4096": {**OFF, "speculative_algorithm": "qwen3_5_mtp", "num_draft_tokens": 4},
 }
+DEPLOYMENTS = ("router", *(EngineConfig(**c).key() for c in BUCKET_CONFIGS.values()))
 
 
 def replicas_by_node(app: str = APP) -> dict[str, list[str]]:
@@ -340,7 +342,10 @@ def replicas_by_node(app: str = APP) -> dict[str, list[str]]:
             continue
         env = dict(kv.split("=", 1) for kv in _read(f"/proc/{entry}/environ").decode(errors="replace").split("\0")
                    if "=" in kv)
-        out.setdefault(title[len(prefix):].split()[0], []).append(env.get(NODE_ENV, "?"))
+        # While a replica runs a call, Ray appends the method: ``...:<deployment>.<method>``.
+        name = title[len(prefix):].split()[0]
+        name = next((n for n in DEPLOYMENTS if name == n or name.startswith(n + ".")), name)
+        out.setdefault(name, []).append(env.get(NODE_ENV, "?"))
     return {k: sorted(v) for k, v in out.items()}
 
 
