@@ -83,12 +83,16 @@ def write_sim_table():
     from orchestrator.fsutil import utc_now_iso
 
     def write(path: Path, buckets, *, sweep_id: str, default_max_tokens: int = 16,
-              figures: dict | None = None) -> Path:
+              figures: dict | None = None, cells: dict | None = None) -> Path:
+        """``cells``: bucket name -> ``[(sampling band, min_in_flight, EngineConfig), ...]`` (a v2 table)."""
         routing.commit({
             "provenance": {"model": SIM_MODEL, "gpu_type": "none (simulated)", "gpu_count": 0, "sweep_id": sweep_id,
                            "created_at": utc_now_iso(), "simulated": True},
             "buckets": [{"name": name, "max_output_len": max_len, "config": cfg.to_dict(),
-                         "figures": dict(figures or {"output_throughput": 1000.0})}
+                         "figures": dict(figures or {"output_throughput": 1000.0}),
+                         "cells": [{"sampling": band, "min_in_flight": level, "config": c.to_dict(),
+                                    "figures": dict(figures or {"output_throughput": 1000.0})}
+                                   for band, level, c in (cells or {}).get(name, [])]}
                         for name, max_len, cfg in buckets],
             "default_max_tokens": default_max_tokens,
         }, path)

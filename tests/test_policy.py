@@ -212,3 +212,65 @@ def test_serve_errors_derive_from_the_project_root_and_keep_their_builtin_bases(
         # raised in an engine replica, caught in the router: they cross Ray pickled
         copy = pickle.loads(pickle.dumps(cls("why")))
         assert type(copy) is cls and str(copy) == "why"
+
+
+# ----- routing table v2: cells by sampling band x load level ------------------------------------------
+def _cell_table(default_temperature: float | None = 0.7) -> routing.RoutingTable:
+    fig = {"output_throughput": 1.0}
+    data = {
+        "provenance": {"model": MODEL, "gpu_type": "none", "gpu_count": 0, "sweep_id": "t",
+                       "created_at": utc_now_iso(), "simulated": True},
+        "buckets": [
+            {"name": "le1024", "max_output_len": 1024, "config": _cfg(4), "figures": fig,
+             "cells": [{"sampling": "sampled", "min_in_flight": 1, "config": _cfg(0), "figures": fig},
+                       {"sampling": "greedy", "min_in_flight": 64, "config": _cfg(1), "figures": fig}]},
+            {"name": "le16384", "max_output_len": 16384, "config": _cfg(3), "figures": fig},
+        ],
+    }
+    if default_temperature is not None:
+        data["default_temperature"] = default_temperature
+    return routing.parse(data)
+
+
+@pytest.mark.parametrize("temperature, load, deployment, cell", [
+    (0.0, 0, MTP4, "primary"),           # greedy, light load: the bucket's primary
+    (0.0, 64, MTP1, "greedy@64"),        # greedy, full batches: the cell measured better there
+    (0.8, 0, NOSPEC, "sampled@1"),       # sampled: MTP off
+    (0.8, 100, NOSPEC, "sampled@1"),
+    (None, 0, NOSPEC, "sampled@1"),      # no temperature: the engines' default (0.7) is sampled
+])
+def test_cells_route_by_temperature_and_live_load(temperature, load, deployment, cell):
+    d = choose_route(100, _cell_table(), {MTP4: load}, temperature=temperature)
+    assert (d.bucket, d.deployment, d.cell) == ("le1024", deployment, cell)
+    assert d.reason == ("bucket" if cell == "primary" else f"cell:{cell}")
+
+
+def test_without_a_default_temperature_an_unset_temperature_takes_the_primary():
+    d = choose_route(100, _cell_table(default_temperature=None), {}, temperature=None)
+    assert (d.deployment, d.cell) == (MTP4, "primary")
+
+
+def test_an_unhealthy_cell_falls_back_within_its_bucket_then_to_the_nearest():
+    d = choose_route(100, _cell_table(), {}, healthy={MTP4, MTP3}, temperature=0.8)
+    assert (d.bucket, d.deployment, d.fallback_from, d.cell) == ("le1024", MTP4, "le1024", "sampled@1")
+    d = choose_route(100, _cell_table(), {}, healthy={MTP3}, temperature=0.8)
+    assert (d.bucket, d.deployment, d.fallback_from) == ("le16384", MTP3, "le1024")
+
+
+def test_top_k_1_is_greedy_whatever_the_temperature():
+    raw = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 5, "temperature": 0.9, "top_k": 1}).encode()
+    parsed = parse_request(raw, "completions", served_model_names={MODEL}, max_tokens_limit=1 << 20)
+    assert parsed.temperature == 0.0
+    d = choose_route(parsed.max_tokens, _cell_table(), {}, temperature=parsed.temperature)
+    assert d.deployment == MTP4
+    raw = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 5}).encode()
+    assert parse_request(raw, "completions", served_model_names={MODEL}, max_tokens_limit=1 << 20).temperature is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(temperature=st.one_of(st.none(), st.floats(0, 2)), load=st.floats(0, 512), max_tokens=st.integers(1, 20000))
+def test_a_cell_route_is_always_one_of_the_buckets_configs(temperature, load, max_tokens):
+    t = _cell_table()
+    d = choose_route(max_tokens, t, {MTP4: load, MTP3: load}, temperature=temperature)
+    bucket = t.bucket(d.bucket)
+    assert d.deployment in {c.key() for c in [bucket.engine_config(), *(c.engine_config() for c in bucket.cells)]}

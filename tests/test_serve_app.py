@@ -38,6 +38,11 @@ MTP2 = MTP3.replace(num_draft_tokens=2)
 pytestmark = pytest.mark.timeout(240)
 
 
+def _cells(long_config: EngineConfig) -> dict:
+    """A v2 cell: sampled short requests go to the long bucket's engine (no extra engine to start)."""
+    return {"le256": [("sampled", 1, long_config)]}
+
+
 def _buckets(long_config: EngineConfig) -> list[tuple[str, int, EngineConfig]]:
     """The app's table: short requests to the engine without speculation, long ones to ``long_config``."""
     return [("le256", 256, NOSPEC), ("le4096", 4096, long_config)]
@@ -68,7 +73,8 @@ class Cluster:
         return info
 
     def write_table(self, path: Path, long_config: EngineConfig) -> Path:
-        return self._write_table(path, _buckets(long_config), sweep_id="test-serve", default_max_tokens=128)
+        return self._write_table(path, _buckets(long_config), sweep_id="test-serve", default_max_tokens=128,
+                                 cells=_cells(long_config))
 
     def args(self, table_path: Path) -> dict:
         return _app_args(self._app_args, table_path, self.log_dir)
@@ -82,7 +88,7 @@ class Cluster:
 def cluster(tmp_path_factory, write_sim_table, sim_app_args, serve_app):
     tmp = tmp_path_factory.mktemp("serve")
     table_path = tmp / "routing.json"
-    write_sim_table(table_path, _buckets(MTP3), sweep_id="test-serve", default_max_tokens=128)
+    write_sim_table(table_path, _buckets(MTP3), sweep_id="test-serve", default_max_tokens=128, cells=_cells(MTP3))
     with serve_app(_app_args(sim_app_args, table_path, tmp / "engine-logs"), app_name=APP, num_cpus=4) as base:
         c = Cluster(base, table_path, tmp / "engine-logs", write_sim_table, sim_app_args)
         for cfg in (NOSPEC, MTP3):
@@ -143,6 +149,22 @@ def test_requests_route_by_max_tokens_streaming_and_not(cluster: Cluster):
 
     models = cluster.client.models.list()
     assert [m.id for m in models.data] == [MODEL]
+
+
+def test_sampled_requests_take_their_cell_and_say_so(cluster: Cluster):
+    """A v2 table's cell: temperature > 0 short requests go to the cell's engine (its own counter moves),
+    greedy and unset-temperature ones (the table has no default temperature) to the bucket's primary."""
+    before = {cfg.key(): cluster.sim_requests(cfg) for cfg in (NOSPEC, MTP3)}
+    sampled = cluster.client.completions.with_raw_response.create(
+        model=MODEL, prompt="x", max_tokens=8, temperature=0.8)
+    assert (sampled.headers["x-route-bucket"], sampled.headers["x-route-deployment"]) == ("le256", MTP3.key())
+    assert (sampled.headers["x-route-cell"], sampled.headers["x-route-reason"]) == ("sampled@1", "cell:sampled@1")
+    for temperature in (0.0, None):
+        kw = {} if temperature is None else {"temperature": temperature}
+        greedy = cluster.client.completions.with_raw_response.create(model=MODEL, prompt="x", max_tokens=8, **kw)
+        assert (greedy.headers["x-route-deployment"], greedy.headers["x-route-cell"]) == (NOSPEC.key(), "primary")
+    after = {cfg.key(): cluster.sim_requests(cfg) for cfg in (NOSPEC, MTP3)}
+    assert (after[MTP3.key()] - before[MTP3.key()], after[NOSPEC.key()] - before[NOSPEC.key()]) == (1, 2)
 
 
 def test_the_router_says_its_engines_are_simulated(cluster: Cluster):
@@ -282,6 +304,8 @@ def test_metrics_reach_rays_prometheus_endpoint(cluster: Cluster):
     line = next(ln for ln in text.splitlines() if ln.startswith("ray_mtp_engine_accept_length{") and MTP3.key() in ln)
     assert float(line.split()[-1]) > 1.0
     assert f'bucket="le4096"' in text and f'engine="{MTP3.key()}"' in text
+    requests = [ln for ln in text.splitlines() if ln.startswith("ray_mtp_router_requests_total{")]
+    assert any('cell="primary"' in ln for ln in requests), "the requests counter names the routing cell"
 
 
 def test_client_disconnect_aborts_the_engine_request(cluster: Cluster):

@@ -97,7 +97,7 @@ class RouterMetrics:
     def __init__(self) -> None:
         from ray.serve.metrics import Counter, Gauge, Histogram
 
-        tags = ("bucket", "engine")
+        tags = ("bucket", "engine", "cell")
         self.requests = Counter(
             "mtp_router_requests", "Requests the router forwarded, by bucket and engine deployment.",
             tag_keys=tags + ("status",),

@@ -7,13 +7,18 @@ Rules, in order:
 
 1. **Bucket** — :meth:`RoutingTable.bucket_for` on the request's ``max_tokens`` (or
    ``max_completion_tokens``; the table's ``default_max_tokens`` when the request gives neither).
-2. **Load variant** — a bucket may carry ``load_variants`` (sorted by ``min_concurrency``): configs
+2. **Cell** — a version-2 table's bucket may carry cells keyed by sampling band and load level
+   (:meth:`BucketRoute.cell_for`): the request's temperature (the table's ``default_temperature`` when it
+   gives none) picks the band, the live load of the bucket's primary deployment the level. A matching
+   cell's config serves the request; otherwise rule 3 applies. Cells exist only where the sweep measured
+   another config better beyond noise (speculation pays less for sampled traffic and in full batches).
+3. **Load variant** — a bucket may carry ``load_variants`` (sorted by ``min_concurrency``): configs
    the sweep found better under heavy batching (speculation pays less when the batch is already
    full). When the live load of the bucket's *primary* deployment — in-flight requests per replica —
    reaches a variant's ``min_concurrency``, the highest such variant is chosen. Because requests
    that go to the variant no longer count against the primary, the primary is held near the
    threshold and the excess spills over to the variant, rather than the whole bucket flapping.
-3. **Health** — if the chosen deployment has no healthy replica, the bucket's other configs are
+4. **Health** — if the chosen deployment has no healthy replica, the bucket's other configs are
    tried (the primary first, then variants), then the nearest other bucket by position in the table
    (ties go to the larger bucket: its engine was configured for longer outputs). The decision then
    names the bucket it fell back from.
@@ -51,7 +56,9 @@ class RouteDecision:
             scheme for deployments does not change what the metrics call the config).
         fallback_from: name of the bucket the request *should* have gone to when health forced a
             different deployment, else ``None``.
-        reason: short machine-readable explanation: ``bucket``, ``load>=N``, ``fallback:...``.
+        reason: short machine-readable explanation: ``bucket``, ``cell:BAND@N``, ``load>=N``, ``fallback:...``.
+        cell: the cell that chose the config (``BAND@N``), or ``primary`` for the bucket's own config or a
+            load variant.
     """
 
     bucket: str
@@ -59,6 +66,7 @@ class RouteDecision:
     config_key: str
     fallback_from: str | None = None
     reason: str = "bucket"
+    cell: str = "primary"
 
     @property
     def fallback_header(self) -> str | None:
@@ -77,13 +85,14 @@ The bucket is kept in the value so its id cannot be reused while cached; buckets
 
 
 def bucket_deployments(bucket: BucketRoute) -> tuple[tuple[str, int], ...]:
-    """``((deployment, min_concurrency), ...)`` of a bucket: primary (threshold 0), then its load variants."""
+    """``((deployment, min_concurrency), ...)`` of a bucket: primary (threshold 0), its load variants,
+    then its cells (their load level; the band is decided in :func:`choose_route`)."""
     hit = _MEMO.get(id(bucket))
     if hit is not None and hit[0] is bucket:
         return hit[1]
     out = ((deployment_name(bucket.engine_config().key()), 0),) + tuple(
         (deployment_name(v.engine_config().key()), v.min_concurrency) for v in bucket.load_variants
-    )
+    ) + tuple((deployment_name(c.engine_config().key()), c.min_in_flight) for c in bucket.cells)
     if len(_MEMO) > 4096:  # tables are few; bound the memo anyway
         _MEMO.clear()
     _MEMO[id(bucket)] = (bucket, out)
@@ -101,6 +110,8 @@ def choose_route(
     table: RoutingTable,
     live_load: Mapping[str, float],
     healthy: Iterable[str] | None = None,
+    *,
+    temperature: float | None = None,
 ) -> RouteDecision:
     """Pick the deployment for one request.
 
@@ -109,6 +120,7 @@ def choose_route(
         table: the routing table the router was deployed with.
         live_load: deployment name -> in-flight requests per healthy replica (missing = 0).
         healthy: deployment names with at least one healthy replica; ``None`` = all healthy.
+        temperature: the request's sampling temperature, ``None`` when it gave none.
 
     Returns:
         The decision.
@@ -122,15 +134,17 @@ def choose_route(
         return healthy_set is None or name in healthy_set
 
     wanted = table.bucket_for(request_max_tokens)
-    deployment, reason = _by_load(wanted, live_load)
+    band = table.band_for(temperature)
+    band_name = band.name if band is not None else None
+    deployment, reason, cell = _by_cell_or_load(wanted, band_name, live_load)
     if is_healthy(deployment):
-        return RouteDecision(wanted.name, deployment, deployment, None, reason)
+        return RouteDecision(wanted.name, deployment, deployment, None, reason, cell)
 
     # Same bucket, another of its configs (primary first, then variants).
     for name, _ in bucket_deployments(wanted):
         if name != deployment and is_healthy(name):
             return RouteDecision(
-                wanted.name, name, name, wanted.name, f"fallback:{deployment}-unhealthy"
+                wanted.name, name, name, wanted.name, f"fallback:{deployment}-unhealthy", cell
             )
 
     # Nearest other bucket; ties prefer the larger one.
@@ -141,17 +155,31 @@ def choose_route(
     )
     for i in order:
         other = table.buckets[i]
-        preferred, _ = _by_load(other, live_load)
+        preferred, _, _ = _by_cell_or_load(other, band_name, live_load)
         candidates = [preferred, *(n for n, _ in bucket_deployments(other) if n != preferred)]
         for name in candidates:
             if is_healthy(name):
                 return RouteDecision(
-                    other.name, name, name, wanted.name, f"fallback:{wanted.name}-unhealthy"
+                    other.name, name, name, wanted.name, f"fallback:{wanted.name}-unhealthy", cell
                 )
     raise NoHealthyDeploymentError(
         f"no healthy engine deployment for any bucket (wanted bucket {wanted.name!r}); "
         "check `serve status` and the replicas' engine logs"
     )
+
+
+def _by_cell_or_load(bucket: BucketRoute, band: str | None, live_load: Mapping[str, float]) -> tuple[str, str, str]:
+    """The bucket's deployment for the request's sampling band and the primary's live load: a matching
+    cell's, else the load variants' (:func:`_by_load`); with the reason and the cell label."""
+    primary = bucket_deployments(bucket)[0][0]
+    load = float(live_load.get(primary, 0.0))
+    if bucket.cells:
+        cell = bucket.cell_for(band, max(1, int(load)))
+        if cell is not None:
+            label = f"{cell.sampling or 'any'}@{cell.min_in_flight}"
+            return deployment_name(cell.engine_config().key()), f"cell:{label}", label
+    chosen, reason = _by_load(bucket, live_load)
+    return chosen, reason, "primary"
 
 
 def _by_load(bucket: BucketRoute, live_load: Mapping[str, float]) -> tuple[str, str]:
@@ -160,7 +188,7 @@ def _by_load(bucket: BucketRoute, live_load: Mapping[str, float]) -> tuple[str, 
     primary = options[0][0]
     load = float(live_load.get(primary, 0.0))
     chosen, reason = primary, "bucket"
-    for name, threshold in options[1:]:
+    for name, threshold in options[1 : 1 + len(bucket.load_variants)]:
         if load >= threshold:
             chosen, reason = name, f"load>={threshold}"
     return chosen, reason

@@ -75,6 +75,7 @@ class _Common(_Open):
     stream_options: _StreamOptions | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: StrictInt | None = Field(default=None, ge=-1)
     n: StrictInt | None = Field(default=None, ge=1, le=16)
     seed: StrictInt | None = None
 
@@ -100,6 +101,9 @@ class ParsedRequest:
         max_tokens: the output cap the client asked for (``max_completion_tokens`` wins), or ``None``.
         stream: whether the client asked for a stream.
         client_wants_usage: ``stream_options.include_usage`` as the client sent it.
+        temperature: the sampling temperature that decides the request's sampling band: the client's,
+            0 when ``top_k`` is 1 (only the argmax can be drawn, as greedy), ``None`` when it gave none
+            (the table's ``default_temperature`` then applies).
     """
 
     kind: RequestKind
@@ -107,6 +111,7 @@ class ParsedRequest:
     max_tokens: int | None
     stream: bool
     client_wants_usage: bool
+    temperature: float | None = None
 
 
 def parse_request(
@@ -178,6 +183,7 @@ def parse_request(
         max_tokens=max_tokens,
         stream=bool(req.stream),
         client_wants_usage=bool(req.stream_options and req.stream_options.include_usage),
+        temperature=0.0 if req.top_k == 1 else req.temperature,
     )
 
 

@@ -362,7 +362,8 @@ class Router:
         last_error = "no engine deployment was tried"
         for _ in range(len(self._streams) + 1):
             try:
-                decision = choose_route(parsed.max_tokens, self.table, self._load(), self._healthy - failed)
+                decision = choose_route(parsed.max_tokens, self.table, self._load(), self._healthy - failed,
+                                        temperature=parsed.temperature)
             except NoHealthyDeploymentError as e:
                 last_error = str(e) if not failed else f"{e}; last failure: {last_error}"
                 break
@@ -396,6 +397,7 @@ class Router:
             "x-route-bucket": d.bucket,
             "x-route-deployment": d.deployment,
             "x-route-reason": d.reason,
+            "x-route-cell": d.cell,
             "x-routing-table-version": str(self.table.version),
         }
         if head.get("simulated"):
@@ -404,7 +406,7 @@ class Router:
             headers["x-route-fallback"] = d.fallback_header
             self._metrics.fallbacks.inc(tags={"from_bucket": d.fallback_from or "", "to_bucket": d.bucket})
         status = int(head["status"])
-        tags = {"bucket": d.bucket, "engine": d.deployment}
+        tags = {"bucket": d.bucket, "engine": d.deployment, "cell": d.cell}
         first = head.get("first") or b""
         if parsed.stream and status == 200:
             relay = self._relay(gen, first, d, tags, started, inject_usage)
