@@ -303,8 +303,8 @@ def test_losing_a_node_mid_trial_fails_that_trial_keeps_the_others_and_commits(m
 
 
 def _reap(engine: EngineSeen | None) -> None:
-    """An engine started in its own session outlives a raylet killed on a live host (on a lost machine
-    it dies with the machine): stop the one this test's node loss left behind."""
+    """Safety net: the lost node's engine dies with its raylet (seen here within seconds); should one
+    ever outlive it, it must not outlive the test."""
     if engine is None:
         return
     import signal
