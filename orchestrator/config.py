@@ -116,6 +116,12 @@ class Backend(str, enum.Enum):
     """The simulated engine (:mod:`orchestrator.sim`): a performance model, no GPU, never a GPU figure."""
 
 
+API_DEFAULT_TEMPERATURE: dict[Backend, float] = {Backend.PYTORCH: 0.7, Backend.TURBOMIND: 0.7, Backend.SIM: 1.0}
+"""The sampling temperature an engine's OpenAI endpoints use when a request gives none (LMDeploy 0.18's
+``ChatCompletionRequest`` / ``CompletionRequest`` default 0.7; the simulator's 1.0). A request without
+``temperature`` is sampled, not greedy, so the router must know which band it falls in."""
+
+
 class SpeculativeAlgorithm(str, enum.Enum):
     QWEN3_5_MTP = "qwen3_5_mtp"
 

@@ -39,6 +39,7 @@ __all__ = [
     "Cell",
     "DEFAULT_SAMPLING_BANDS",
     "SamplingBand",
+    "band_of",
     "GpuBudget",
     "LoadVariant",
     "Provenance",
@@ -111,6 +112,14 @@ class SamplingBand(_Model):
 
 #: Greedy (temperature 0) apart from everything sampled: the least a table distinguishes.
 DEFAULT_SAMPLING_BANDS = (SamplingBand(name="greedy", max_temperature=0.0), SamplingBand(name="sampled"))
+
+
+def band_of(temperature: float, bands: Iterable[SamplingBand] = DEFAULT_SAMPLING_BANDS) -> SamplingBand | None:
+    """The first band that holds ``temperature`` (``None`` above a closed last band)."""
+    for band in bands:
+        if band.max_temperature is None or temperature <= band.max_temperature:
+            return band
+    return None
 
 
 class Cell(_Model):
@@ -326,12 +335,7 @@ class RoutingTable(_Model):
         """The sampling band of a request's temperature (``default_temperature`` when it gives none);
         ``None`` when neither is known or the temperature is above a closed last band."""
         t = self.default_temperature if temperature is None else temperature
-        if t is None:
-            return None
-        for band in self.sampling_bands:
-            if band.max_temperature is None or t <= band.max_temperature:
-                return band
-        return None
+        return None if t is None else band_of(t, self.sampling_bands)
 
     def bucket(self, name: str) -> BucketRoute:
         for b in self.buckets:

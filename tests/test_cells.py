@@ -47,7 +47,7 @@ def test_primary_is_the_best_on_the_primary_cell_and_cells_only_beyond_noise():
     assert cells[("sampled", 64)] == KEY[0]
     assert ("sampled", 256) not in cells  # MTP off still serves it: MTP-2 is within noise of it
     assert cells[("greedy", 256)] == KEY[2]
-    assert any("sampled@256" in n and "overlap" in n for n in choice.notes)
+    assert any("sampled@256" in n and "within noise" in n for n in choice.notes)
     c = next(c for c in choice.cells if c.sampling == "sampled")
     assert c.primary_figures.output_throughput == pytest.approx(statistics.fmean([660, 650, 680]))
     assert c.gain() == pytest.approx(statistics.fmean([1000, 1030, 990]) / statistics.fmean([660, 650, 680]) - 1)
@@ -59,7 +59,7 @@ def test_overlapping_intervals_keep_the_primary():
     noisy = [_m(4, "greedy", 64, 1000, 1200), _m(0, "greedy", 64, 900, 1000),
              _m(4, "sampled", 64, 700, 1300), _m(0, "sampled", 64, 1000, 1100)]
     choice = choose_cells(noisy, primary_band="greedy", primary_in_flight=64)["le1024"]
-    assert choice.cells == () and "overlap" in choice.notes[0]
+    assert choice.cells == () and "within noise" in choice.notes[0]
 
 
 def test_cells_load_into_a_v2_routing_table():
@@ -124,3 +124,14 @@ def test_the_interval_holds_the_mean_and_narrows_with_level(xs):
     _, lo90, hi90 = mean_confidence_interval(xs, 0.90)
     assert lo <= mean <= hi and lo <= lo90 + 1e-9 and hi90 <= hi + 1e-9
     assert math.isclose(mean, statistics.fmean(xs))
+
+
+def test_a_noise_floor_for_figures_measured_once_and_a_primary_chosen_by_the_caller():
+    once = [_m(4, "greedy", 64, 1000), _m(0, "greedy", 64, 990), _m(4, "sampled", 64, 1000), _m(0, "sampled", 64, 1020)]
+    assert choose_cells(once, primary_band="greedy", primary_in_flight=64)["le1024"].cells != ()
+    floor = choose_cells(once, primary_band="greedy", primary_in_flight=64, min_gain=0.03)["le1024"]
+    assert floor.cells == () and "within noise" in floor.notes[0]
+    forced = choose_cells(once, primary_band="greedy", primary_in_flight=64, primary_keys={"le1024": KEY[0]})
+    assert forced["le1024"].primary_key == KEY[0] and forced["le1024"].cells == ()
+    with pytest.raises(ValueError, match="not measured on the primary cell"):
+        choose_cells(once, primary_band="greedy", primary_in_flight=64, primary_keys={"le1024": KEY[2]})

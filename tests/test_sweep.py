@@ -344,3 +344,49 @@ def test_host_facts_and_versions_have_one_home():
 
     assert package_versions(["optuna", "no-such-distribution-x"]) == {"optuna": optuna.__version__}
 
+
+
+def test_a_temperature_sweep_gives_sampled_traffic_its_own_cell(tmp_path):
+    """Measured at temperatures 0 and 0.8 (one engine start each), the published profile's 1k bucket wants
+    MTP-4 greedy and MTP off sampled: the table keeps MTP-4 as the primary and writes one 'sampled' cell
+    for MTP off, with both figures, and the engines' default temperature for requests that give none."""
+    space = _space(num_draft_tokens=(4,))
+    buckets = make_buckets((1024,), input_len=256, concurrency_levels=(64,), num_prompts=64, temperatures=(0.0, 0.8))
+    spec = SweepSpec(sweep_id="temps", run_dir=str(tmp_path / "temps"), space=space, buckets=buckets,
+                     sim_time_scale=8.0, steady_state=None, max_concurrent_trials=2, n_startup_trials=2,
+                     ready_timeout_s=60)
+    out = run_sweep(spec, num_trials=2, live=False)
+    assert out.error is None, out.error
+    df = pd.read_parquet(Path(spec.run_dir) / "results.parquet")
+    assert sorted(set(zip(df.temperature, df.sampling_band))) == [(0.0, "greedy"), (0.8, "sampled")]
+    assert (df.status == "ok").all() and df.primary_load.sum() == 2  # one primary row per trial
+    by = {(r.role, r.sampling_band): r.output_throughput for r in df.itertuples()}
+    assert by[(ROLE_STATIC, "greedy")] > by[(ROLE_MTP_OFF, "greedy")]
+    assert by[(ROLE_MTP_OFF, "sampled")] > 1.03 * by[(ROLE_STATIC, "sampled")]
+
+    table = routing.load(Path(spec.run_dir) / "routing_table.json")
+    assert table.schema_version == 2 and table.default_temperature == 1.0  # the simulator's API default
+    bucket = table.bucket("le1024")
+    assert bucket.engine_config().num_draft_tokens == 4 and bucket.load_variants == ()
+    (cell,) = bucket.cells
+    assert (cell.sampling, cell.min_in_flight, cell.engine_config().speculative) == ("sampled", 64, False)
+    assert cell.figures.output_throughput == pytest.approx(by[(ROLE_MTP_OFF, "sampled")])
+    assert cell.primary_figures.output_throughput == pytest.approx(by[(ROLE_STATIC, "sampled")])
+    # the router's view: sampled requests at the bucket's load take the cell, greedy ones the primary
+    from orchestrator.serve.policy import choose_route
+
+    primary = bucket.engine_config().key()
+    assert choose_route(1000, table, {primary: 64}, temperature=0.8).deployment == cell.engine_config().key()
+    assert choose_route(1000, table, {primary: 64}, temperature=0.0).deployment == primary
+
+
+def test_cli_temperatures_reach_every_bucket():
+    from orchestrator.errors import ConfigError
+    from tuning.sweep.cli import parser
+    from tuning.sweep.spec import build_spec
+
+    args = parser().parse_args(["--temperatures", "0,0.8", "--buckets", "256,1024", "--no-live"])
+    spec = build_spec(args)
+    assert [b.temperatures for b in spec.buckets] == [(0.0, 0.8), (0.0, 0.8)]
+    with pytest.raises(ConfigError, match="temperatures"):
+        build_spec(parser().parse_args(["--temperatures", "0.5,0.5"]))

@@ -67,11 +67,14 @@ class BucketChoice:
 
 
 def choose_cells(measurements: Iterable[CellMeasurement], *, primary_band: str, primary_in_flight: int,
-                 level: float = 0.95) -> dict[str, BucketChoice]:
-    """Per bucket: the primary (the best mean at ``primary_band`` x ``primary_in_flight``) and a cell for
-    every other (band, load level) whose best config beats the config it would otherwise get beyond
-    both confidence intervals. Load levels are taken in increasing order, so a cell at a higher level
-    is written only where it changes the outcome."""
+                 level: float = 0.95, min_gain: float = 0.0,
+                 primary_keys: Mapping[str, str] | None = None) -> dict[str, BucketChoice]:
+    """Per bucket: the primary (the best mean at ``primary_band`` x ``primary_in_flight``, or
+    ``primary_keys[bucket]`` when the caller chose it, e.g. under a GPU budget) and a cell for every
+    other (band, load level) whose best config beats the config it would otherwise get beyond both
+    confidence intervals and by more than ``min_gain`` (the noise floor for figures measured once, whose
+    intervals have no width). Load levels are taken in increasing order, so a cell at a higher level is
+    written only where it changes the outcome."""
     by_bucket: dict[str, dict[tuple[str, int], dict[str, CellMeasurement]]] = defaultdict(lambda: defaultdict(dict))
     for m in measurements:
         by_bucket[m.bucket][(m.band, m.in_flight)][m.engine_key] = m
@@ -80,7 +83,11 @@ def choose_cells(measurements: Iterable[CellMeasurement], *, primary_band: str, 
         home = cells.get((primary_band, primary_in_flight))
         if not home:
             raise ValueError(f"bucket {bucket}: nothing measured on the primary cell {primary_band}@{primary_in_flight}")
-        primary = max(home.values(), key=lambda m: m.figures(level).output_throughput)
+        forced = (primary_keys or {}).get(bucket)
+        if forced is not None and forced not in home:
+            raise ValueError(f"bucket {bucket}: the chosen primary {forced} was not measured on the primary cell")
+        primary = home[forced] if forced is not None else max(home.values(),
+                                                                key=lambda m: m.figures(level).output_throughput)
         chosen: list[Cell] = []
         notes: list[str] = []
         for band, in_flight in sorted(cells, key=lambda bl: (bl[0], bl[1])):
@@ -98,13 +105,15 @@ def choose_cells(measurements: Iterable[CellMeasurement], *, primary_band: str, 
                 continue
             b, c = best.figures(level), here[current].figures(level)
             assert b.output_throughput_ci is not None and c.output_throughput_ci is not None
-            if b.output_throughput_ci[0] > c.output_throughput_ci[1]:
+            if b.output_throughput_ci[0] > c.output_throughput_ci[1] and \
+                    b.output_throughput > c.output_throughput * (1.0 + min_gain):
                 primary_here = here.get(primary.engine_key)
                 chosen.append(Cell(sampling=band, min_in_flight=in_flight, config=dict(best.config), figures=b,
                                    primary_figures=primary_here.figures(level) if primary_here else None))
             else:
                 notes.append(f"{band}@{in_flight}: {best.engine_key} {b.output_throughput:.0f} tok/s vs "
-                             f"{current} {c.output_throughput:.0f} tok/s, intervals overlap: kept {current}")
+                             f"{current} {c.output_throughput:.0f} tok/s, within noise (intervals overlap or gain "
+                             f"<= {min_gain:.0%}): kept {current}")
         out[bucket] = BucketChoice(bucket, primary.engine_key, primary.config, primary.figures(level), tuple(chosen),
                                    tuple(notes))
     return out

@@ -24,6 +24,7 @@ from tuning.buckets import Bucket
 from orchestrator.table import (
     BucketFigures,
     BucketRoute,
+    Cell,
     GpuBudget,
     LoadVariant,
     Provenance,
@@ -64,7 +65,8 @@ FIGURE_COLUMNS = (
 )
 ROW_COLUMNS = (
     "sweep_id", "trial_id", "role", "status", "failure_reason", "cached", "bucket", "max_output_len",
-    "concurrency", "primary_load", *CONFIG_COLUMNS, *FIGURE_COLUMNS, "engine_startup_s", "workload",
+    "concurrency", "temperature", "sampling_band", "primary_load", *CONFIG_COLUMNS, *FIGURE_COLUMNS,
+    "engine_startup_s", "workload",
 )
 
 
@@ -146,17 +148,17 @@ def rows_for_trial(
     failure: str = "",
     engine_startup_s: float | None = None,
 ) -> list[dict[str, Any]]:
-    """Every bucket x concurrency row of one trial. ``measurements[(bucket, concurrency)]`` is a
-    ``BenchResult.to_dict()``; a missing one is a failed row with ``failure`` as its reason."""
+    """Every bucket x concurrency x temperature row of one trial. ``measurements[key]`` (key:
+    :meth:`Bucket.measurement_key`) is a ``BenchResult.to_dict()``; a missing one is a failed row with
+    ``failure`` as its reason."""
     base = {"sweep_id": sweep_id, "trial_id": trial_id, "role": role, "cached": False,
             "engine_startup_s": engine_startup_s, **config_columns(config)}
     rows = []
     for b in buckets:
-        for c in b.concurrency_levels:
-            row = {**base, "bucket": b.name, "max_output_len": b.max_output_len, "concurrency": c,
-                   "primary_load": c == b.primary_concurrency,
-                   "workload": json.dumps(b.workload_at(c).to_dict(), sort_keys=True)}
-            bench = measurements.get((b.name, c))
+        for c, t in b.points():
+            row = {**base, **_point_columns(b, c, t),
+                   "workload": json.dumps(b.workload_at(c, t).to_dict(), sort_keys=True)}
+            bench = measurements.get(b.measurement_key(c, t))
             if bench is None:
                 row.update(status=STATUS_FAILED, failure_reason=failure or "not measured")
             else:
@@ -170,13 +172,19 @@ def rows_for_trial(
     return rows
 
 
+def _point_columns(b: Bucket, concurrency: int, temperature: float) -> dict[str, Any]:
+    band = routing.band_of(temperature)
+    return {"bucket": b.name, "max_output_len": b.max_output_len, "concurrency": concurrency,
+            "temperature": temperature, "sampling_band": band.name if band else None,
+            "primary_load": b.is_primary(concurrency, temperature)}
+
+
 def failed_rows(*, sweep_id: str, trial_id: str, role: str, config: EngineConfig | None,
                 buckets: Sequence[Bucket], reason: str) -> list[dict[str, Any]]:
     if config is None:
         base = {"sweep_id": sweep_id, "trial_id": trial_id, "role": role, "status": STATUS_FAILED,
                 "failure_reason": reason, "cached": False}
-        return [{**base, "bucket": b.name, "max_output_len": b.max_output_len, "concurrency": c,
-                 "primary_load": c == b.primary_concurrency} for b in buckets for c in b.concurrency_levels]
+        return [{**base, **_point_columns(b, c, t)} for b in buckets for c, t in b.points()]
     return rows_for_trial(sweep_id=sweep_id, trial_id=trial_id, role=role, config=config, buckets=buckets,
                           measurements={}, failure=reason)
 
@@ -361,10 +369,16 @@ def pick_best(
     *,
     provenance: Provenance,
     budget: GpuBudget | None = None,
+    cell_min_gain: float = 0.03,
 ) -> RoutingTable:
     """Per bucket, the config with the highest measured output throughput at the bucket's primary load
     among successful rows that meet ``constraints``; its figures; both baselines' figures and the
     gains over them; a load variant for each higher concurrency level where another config wins.
+
+    Buckets measured at several temperatures get cells instead of load variants
+    (:func:`tuning.cells.choose_cells`): every other (sampling band, concurrency) whose best config beats
+    the one it would otherwise get beyond both confidence intervals (over the repeats) and by more than
+    ``cell_min_gain``; cells that do not fit the budget are dropped, least gain first.
 
     With a ``budget`` the table must also be servable on ``budget.gpus`` GPUs (one replica of every
     engine it uses, sharing per ``budget.share_gpu``): the per-bucket best when that fits; else the
@@ -384,7 +398,8 @@ def pick_best(
     found: list[tuple[Bucket, dict[str, BucketFigures], list[dict[str, Any]], pd.DataFrame]] = []
     for b in buckets:
         at_bucket = ok[ok["bucket"] == b.name]
-        primary = at_bucket[at_bucket["concurrency"] == b.primary_concurrency]
+        at_t = _at_temperature(at_bucket, b.primary_temperature)
+        primary = at_t[at_t["concurrency"] == b.primary_concurrency]
         baselines: dict[str, BucketFigures] = {}
         for role, key in BASELINE_ROLES.items():
             base = _best_row(primary[primary["role"] == role])
@@ -430,8 +445,12 @@ def pick_best(
         gains = {k: figures.output_throughput / v.output_throughput - 1.0
                  for k, v in baselines.items() if v.output_throughput > 0}
         variants = []
-        for c in b.concurrency_levels[1:]:
-            at_c = at_bucket[at_bucket["concurrency"] == c]
+        cells: tuple[Cell, ...] = ()
+        if len(b.temperatures) > 1:
+            cells, _within_noise = _cells(b, at_bucket, row["engine_key"], constraints, cell_min_gain)
+        for c in b.concurrency_levels[1:] if len(b.temperatures) == 1 else ():
+            at_c = _at_temperature(at_bucket, b.primary_temperature)
+            at_c = at_c[at_c["concurrency"] == c]
             ranked_c = _ranked(at_c[constraints.mask(at_c)] if not at_c.empty else at_c)
             vrow = _load_variant(ranked_c, row["engine_key"], placed, budget)
             if vrow is not None:
@@ -442,13 +461,77 @@ def pick_best(
                              + (f"{_describe(vrow)} instead" if vrow is not None else "no load variant"))
         routes.append(BucketRoute(
             name=b.name, max_output_len=b.max_output_len, config=config_of_row(row), figures=figures,
-            baselines=baselines, gains=gains, load_variants=tuple(variants), workload=b.workload.to_dict(),
+            baselines=baselines, gains=gains, load_variants=tuple(variants), cells=cells,
+            workload=b.workload.to_dict(),
         ))
+    if budget is not None:
+        routes, dropped = _fit_cells(routes, budget)
+        notes.extend(dropped)
     update: dict[str, Any] = {"constraints": constraints.to_dict()}
     if budget is not None:
         update["gpu_budget"] = budget.model_copy(update={"notes": tuple(notes)})
     return RoutingTable(provenance=provenance.model_copy(update=update), buckets=tuple(routes),
                         default_max_tokens=buckets[0].max_output_len)
+
+
+def _at_temperature(df: pd.DataFrame, temperature: float) -> pd.DataFrame:
+    """Rows measured at ``temperature`` (rows from before the column stand for the primary one)."""
+    if "temperature" not in df.columns:
+        return df
+    t = pd.to_numeric(df["temperature"], errors="coerce")
+    return df[t.isna() | (t == temperature)]
+
+
+def _cells(b: Bucket, at_bucket: pd.DataFrame, primary_key: str, constraints: Constraints,
+           min_gain: float) -> tuple[tuple[Cell, ...], list[str]]:
+    """The bucket's cells from its rows at every (temperature, concurrency), and why others were not."""
+    from tuning.cells import CellMeasurement, choose_cells
+
+    samples: dict[tuple[str, str, int], list[float]] = {}
+    configs: dict[str, dict[str, Any]] = {}
+    accept: dict[tuple[str, str, int], float] = {}
+    eligible = at_bucket[constraints.mask(at_bucket)] if not at_bucket.empty else at_bucket
+    for row in eligible.to_dict("records"):
+        t = row.get("temperature")
+        t = b.primary_temperature if _isnull(t) else float(t)
+        band = routing.band_of(t)
+        if band is None:
+            continue
+        k = (str(row["engine_key"]), band.name, int(row["concurrency"]))
+        repeats = row.get("output_throughput_repeats")
+        values = json.loads(repeats) if isinstance(repeats, str) and repeats else [row["output_throughput"]]
+        samples.setdefault(k, []).extend(float(v) for v in values if v is not None)
+        configs[k[0]] = config_of_row(row)
+        if not _isnull(row.get("accept_length")):
+            accept[k] = float(row["accept_length"])
+    measured = [CellMeasurement(config=configs[key], bucket=b.name, band=band, in_flight=c, throughputs=tuple(v),
+                                accept_length=accept.get((key, band, c)))
+                for (key, band, c), v in samples.items() if v]
+    primary_band = routing.band_of(b.primary_temperature)
+    assert primary_band is not None
+    choice = choose_cells(measured, primary_band=primary_band.name, primary_in_flight=b.primary_concurrency,
+                          min_gain=min_gain, primary_keys={b.name: primary_key})[b.name]
+    return choice.cells, [f"{b.name} {n}" for n in choice.notes]
+
+
+def _fit_cells(routes: list[BucketRoute], budget: GpuBudget) -> tuple[list[BucketRoute], list[str]]:
+    """Drop cells, least gain first, until one replica of every engine fits the budget."""
+    notes: list[str] = []
+
+    def configs() -> list[EngineConfig]:
+        return list(RoutingTable.model_construct(buckets=tuple(routes)).distinct_configs().values())
+
+    while not budget.fits(configs()):
+        candidates = [(c.gain() if c.gain() is not None else 0.0, i, j) for i, r in enumerate(routes)
+                      for j, c in enumerate(r.cells)]
+        if not candidates:
+            break
+        _, i, j = min(candidates)
+        cell = routes[i].cells[j]
+        notes.append(f"{routes[i].name} cell {cell.sampling}@{cell.min_in_flight}: "
+                     f"{cell.engine_config().label()} does not fit {budget.gpus} GPU(s); dropped")
+        routes[i] = routes[i].model_copy(update={"cells": routes[i].cells[:j] + routes[i].cells[j + 1:]})
+    return routes, notes
 
 
 def _gpus_of(rows: Sequence[Mapping[str, Any]], budget: GpuBudget) -> int:

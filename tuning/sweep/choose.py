@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import table as routing
+from orchestrator.config import API_DEFAULT_TEMPERATURE
 from orchestrator.table import Provenance, RoutingTable
 from tuning.results import pick_best
 from tuning.sweep.spec import SweepSpec
@@ -22,7 +23,12 @@ __all__ = ["choose_table", "commit_table", "table_targets"]
 def choose_table(results: Any, spec: SweepSpec, provenance: Provenance) -> RoutingTable:
     """The routing table ``spec`` asks for from ``results`` (a results frame): each bucket's best
     config under the spec's constraints, fitted to its serving budget when it has one."""
-    return pick_best(results, spec.buckets, spec.constraints, provenance=provenance, budget=spec.gpu_budget())
+    table = pick_best(results, spec.buckets, spec.constraints, provenance=provenance, budget=spec.gpu_budget())
+    if any(b.cells for b in table.buckets):
+        # A request without temperature is sampled at the engines' default; the router needs its band.
+        backend = next(iter(table.distinct_configs().values())).backend
+        table = table.model_copy(update={"default_temperature": API_DEFAULT_TEMPERATURE[backend]})
+    return table
 
 
 def table_targets(spec: SweepSpec, extra: Iterable[str | Path] = ()) -> list[Path]:

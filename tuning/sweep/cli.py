@@ -68,6 +68,10 @@ def parser() -> argparse.ArgumentParser:
     w = p.add_argument_group("workloads")
     w.add_argument("--buckets", help="output-length bucket bounds, e.g. 1024,4096,8192,16384")
     w.add_argument("--concurrency", help="concurrency levels per bucket, primary first, e.g. 64,128")
+    w.add_argument("--temperatures", type=_float_list,
+                   help="sampling temperatures per bucket, primary first, e.g. 0,0.8: with more than one, every "
+                        "(temperature band, concurrency) may get its own config in the table (cells), where it beats "
+                        "the bucket's primary beyond the noise")
     w.add_argument("--num-prompts", type=int, help="prompts per bucket (default per bucket from defaults.yaml)")
     w.add_argument("--dataset", choices=["random", "sharegpt"], help="dataset (default random)")
     w.add_argument("--dataset-path", help="ShareGPT JSON for --dataset sharegpt")

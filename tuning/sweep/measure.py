@@ -25,8 +25,9 @@ from tuning.sweep.budget import TimeBudgetSpent
 __all__ = ["MeasurePlan", "Measurements", "failure_reason", "measure_buckets", "measure_config", "representative_run"]
 
 Guard = Callable[[], contextlib.AbstractContextManager[Any]]
-Measurements = dict[tuple[str, int], dict[str, Any]]
-"""``BenchResult.to_dict()`` by (bucket name, concurrency)."""
+Measurements = dict[tuple[Any, ...], dict[str, Any]]
+"""``BenchResult.to_dict()`` by :meth:`Bucket.measurement_key`: (bucket name, concurrency) at the bucket's
+primary temperature, (bucket name, concurrency, temperature) at its others."""
 
 
 @dataclass(frozen=True)
@@ -148,23 +149,25 @@ def measure_buckets(engine: Any, config: EngineConfig, buckets: Sequence[Bucket]
     engine by the caller)."""
     from tuning.bench import benchmark
 
-    # (bucket, concurrency, measured): the burn-in is the first step of the same loop as the
-    # buckets, run and not measured, so a failure in either is reported the same way.
-    steps: list[tuple[Bucket, int, bool]] = []
+    # (bucket, concurrency, temperature, measured): the burn-in is the first step of the same loop as
+    # the buckets, run and not measured, so a failure in either is reported the same way.
+    steps: list[tuple[Bucket, int, float, bool]] = []
     if plan.burn_in and buckets:
-        steps.append((buckets[0], buckets[0].primary_concurrency, False))
-    steps += [(b, c, True) for b in buckets for c in b.concurrency_levels]
-    for b, c, measured in steps:
+        steps.append((buckets[0], buckets[0].primary_concurrency, buckets[0].primary_temperature, False))
+    steps += [(b, c, t, True) for b in buckets for c, t in b.points()]
+    for b, c, t, measured in steps:
         what = f"bucket {b.name}" if measured else f"the burn-in run of bucket {b.name}"
+        if t != b.primary_temperature:
+            what += f" at temperature {t:g}"
         rule = plan.steady_state_rule(b) if measured else None
         try:
             runs = []
             for _ in range(plan.repeats if measured else 1):
-                runs.append(benchmark(engine.base_url, b.workload_at(c), engine_config=config, steady_state=rule,
+                runs.append(benchmark(engine.base_url, b.workload_at(c, t), engine_config=config, steady_state=rule,
                                       request_timeout_s=plan.request_timeout_s, tokenizer=tokenizer).to_dict())
                 engine.check_health()
             if measured:
-                measurements[(b.name, c)] = representative_run(runs)
+                measurements[b.measurement_key(c, t)] = representative_run(runs)
         except EngineError as e:
             return failure_reason(f"engine failed during {what} (concurrency {c})", e)
         except OrchestratorError as e:  # bench could not run at all (server unreachable...)

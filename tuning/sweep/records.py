@@ -51,6 +51,8 @@ class ResultRow:
     cached: bool = False
     max_output_len: int | None = None
     concurrency: int | None = None
+    temperature: float | None = None
+    sampling_band: str | None = None
     primary_load: bool | None = None
     engine_key: str | None = None
     engine_label: str | None = None

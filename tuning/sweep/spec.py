@@ -229,6 +229,8 @@ def build_spec(args: argparse.Namespace, defaults: Mapping[str, Any] | None = No
         bcfg["bounds"] = [int(x) for x in args.buckets.split(",")]
     if args.concurrency:
         bcfg["concurrency_levels"] = [int(x) for x in args.concurrency.split(",")]
+    if getattr(args, "temperatures", None):
+        bcfg["temperatures"] = list(args.temperatures)
     if args.num_prompts:
         bcfg["num_prompts"] = args.num_prompts
     num_prompts = bcfg.get("num_prompts", 256)
@@ -242,7 +244,8 @@ def build_spec(args: argparse.Namespace, defaults: Mapping[str, Any] | None = No
     buckets = make_buckets(
         bcfg.get("bounds", (1024, 4096, 8192, 16384)), input_len=int(bcfg.get("input_len", 1024)),
         range_ratio=float(bcfg.get("range_ratio", 0.5)), concurrency_levels=bcfg.get("concurrency_levels", (64,)),
-        num_prompts=num_prompts, temperature=float(bcfg.get("temperature", 0.0)), seed=int(bcfg.get("seed", 0)),
+        num_prompts=num_prompts, temperature=float(bcfg.get("temperature", 0.0)),
+        temperatures=tuple(float(t) for t in bcfg.get("temperatures", ())), seed=int(bcfg.get("seed", 0)),
         dataset=args.dataset or bcfg.get("dataset", "random"), sharegpt_path=args.dataset_path,
         warmup_requests=(args.warmup_requests if args.warmup_requests is not None
                          else int(bcfg.get("warmup_requests", 0 if simulated else GPU_WARMUP_REQUESTS))),
