@@ -145,7 +145,7 @@ def test_top_k_filtering_keeps_acceptance_up() -> None:
     kw = dict(embed=h.embed, lm_head=h.lm_head, final_norm=h.final_norm, mtp_fc=h.mtp_fc,
               mtp_pre_fc_norm_embedding=torch.zeros(H), mtp_norm=torch.zeros(H), ordinary=h.ordinary,
               num_draft_tokens=2, temperature=1.0, samples=512)
-    unfiltered, top40, top1 = (predict_accept_length(**kw, top_k=k) for k in (0, 40, 1))
+    unfiltered, top40, top1 = (predict_accept_length(**kw, top_k=k) for k in (0, 40, 1))  # 0: the default
     assert unfiltered < top40 < top1 == 3.0
     assert predict_accept_length(**kw, top_k=0, top_p=1e-6) == 3.0  # top_p keeps only the argmax
 

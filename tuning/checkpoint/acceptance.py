@@ -25,9 +25,11 @@ arithmetic on the stored bf16 values): with no token mixing, draft ``k`` is the 
 after draft ``k - 1`` and the target accepts it with its own probability of that token at the request's
 temperature (LMDeploy 0.18 passes no draft probabilities, so a greedy draft is accepted with the target's
 probability of it; at temperature 0, when it is the target's argmax). The accept length is
-``1 + sum_k prod_{j<k} q(y_j)``, averaged over start tokens. The target's probability is taken after
-the request's ``top_k`` / ``top_p`` filtering, as the engine samples: LMDeploy's OpenAI endpoints apply
-``top_k = 40`` and ``top_p = 1.0`` unless the request says otherwise (:data:`LMDEPLOY_API_TOP_K`).
+``1 + sum_k prod_{j<k} q(y_j)``, averaged over start tokens. The target's probability is the
+temperature-scaled softmax over the whole vocabulary: LMDeploy 0.18 accepts a draft against it before
+the request's ``top_k`` / ``top_p`` filtering (its OpenAI endpoints' default ``top_k = 40`` does not raise
+acceptance; ``benchmarks/results/gpu_acceptance_h200_2026-12-01.md``). ``top_k`` / ``top_p`` stay
+parameters for engines that filter first.
 """
 from __future__ import annotations
 
@@ -47,7 +49,8 @@ __all__ = [
     "predict_from_weights",
 ]
 
-#: What LMDeploy 0.18's ``/v1/completions`` and ``/v1/chat/completions`` use when a request gives no ``top_k``.
+#: What LMDeploy 0.18's ``/v1/completions`` and ``/v1/chat/completions`` use when a request gives no ``top_k``
+#: (it filters the sampled token, not the distribution a draft is accepted against).
 LMDEPLOY_API_TOP_K = 40
 
 #: Share of a disagreeing token's squared norm that sits in the ``w`` block (flipped by the MTP head).
@@ -65,7 +68,7 @@ class AcceptanceSpec:
     """
 
     agreement: float = 1.0
-    sharpness: float = 3.5
+    sharpness: float = 8.0
 
     def __post_init__(self) -> None:
         if not (isinstance(self.agreement, (int, float)) and 0.0 <= self.agreement <= 1.0):
@@ -160,7 +163,7 @@ def predict_accept_length(
     num_draft_tokens: int,
     temperature: float,
     rms_norm_eps: float = 1e-6,
-    top_k: int = LMDEPLOY_API_TOP_K,
+    top_k: int = 0,
     top_p: float = 1.0,
     samples: int = 256,
     seed: int = 0,
@@ -218,7 +221,7 @@ def _filtered_probs(logits: Any, top_k: int, top_p: float) -> Any:
 
 
 def predict_from_weights(weights: Mapping[str, Any], text_config: Mapping[str, Any], ordinary: Any,
-                         num_draft_tokens: int, temperature: float, *, top_k: int = LMDEPLOY_API_TOP_K,
+                         num_draft_tokens: int, temperature: float, *, top_k: int = 0,
                          top_p: float = 1.0, samples: int = 256, seed: int = 0) -> float:
     """:func:`predict_accept_length` on a checkpoint's tensors, keyed as :mod:`tuning.checkpoint.build` writes them."""
     lm = "model.language_model"

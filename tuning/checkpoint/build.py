@@ -55,7 +55,6 @@ from pathlib import Path
 from typing import Any
 
 from tuning.checkpoint.acceptance import (
-    LMDEPLOY_API_TOP_K,
     AcceptanceSpec,
     controlled_head,
     predict_from_weights,
@@ -573,9 +572,9 @@ def build_checkpoint(out_dir: str | os.PathLike[str], shape: ModelShape = ModelS
         (out / ACCEPTANCE_FILE).write_text(json.dumps(dict(
             agreement=acceptance.agreement, sharpness=acceptance.sharpness, seed=seed, ordinary_tokens=len(ordinary),
             predicted_accept_length=predicted,
-            top_k=LMDEPLOY_API_TOP_K, top_p=1.0,
-            note="accept length = 1 + accepted drafts per step; key 'N@T' = N draft tokens at temperature T, "
-                 "sampled with top_k and top_p as LMDeploy's OpenAI endpoints do by default",
+            note="accept length = 1 + accepted drafts per step; key 'N@T' = N draft tokens at temperature T; a "
+                 "draft is accepted with the target's temperature-scaled probability over the whole vocabulary "
+                 "(LMDeploy 0.18: before top_k/top_p)",
         ), indent=2))
     save_weights(out, weights)
     return config
