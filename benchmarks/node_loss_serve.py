@@ -39,11 +39,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from a checkout
 
 from orchestrator.config import EngineConfig  # noqa: E402
+from orchestrator.sim.model import DEFAULT_PROFILE  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_ENV = "MTP_TEST_NODE"
 APP = "mtp-node-loss"
-PROFILE = "intern-s2-preview-8xh200"
+PROFILE = DEFAULT_PROFILE
 OFF = {"backend": "sim", "model": PROFILE, "tp": 8}
 BUCKET_CONFIGS = {
     "le256": OFF,

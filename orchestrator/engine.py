@@ -201,7 +201,7 @@ class EngineProcess:
             if self.run_preflight:
                 from orchestrator.preflight import preflight
 
-                preflight(self.config)
+                preflight(self.config, env=self.extra_env)
             self._spawn()
 
     def _spawn(self) -> None:

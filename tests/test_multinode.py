@@ -290,7 +290,10 @@ def test_losing_a_node_mid_trial_fails_that_trial_keeps_the_others_and_commits(m
         lost = df[df.trial_id == lost_trial]
         assert (lost.status == "failed").all(), lost
         reason = str(lost.failure_reason.iloc[0])
-        assert reason.startswith("trial errored") and "died" in reason, reason
+        # Ray words the lost actor by timing: "died" (the node was declared dead first) or "unavailable"
+        # (its worker's socket closed first, e.g. a reused trial worker); either way it names the actor.
+        assert reason.startswith("trial errored") and "actor" in reason.lower(), reason
+        assert "died" in reason or "unavailable" in reason, reason
         kept = df[df.trial_id.isin(finished_before)]
         assert (kept.status == "ok").all() and set(kept.role) == {ROLE_MTP_OFF, ROLE_STATIC}, kept
         assert routing.load(Path(spec.run_dir) / "routing_table.json").version == 1
@@ -498,10 +501,6 @@ def test_losing_a_node_while_serving(multinode, served):
         multinode.cluster.wait_for_nodes()
 
 
-@pytest.mark.skip(reason="needs orchestrator/serve/router.py Router._forward to stop waiting for the first byte "
-                         "of a deployment that lost every replica (Serve's handle queues the request until a "
-                         "replacement is up: ~5 s here, an LMDeploy load on GPUs) and reroute it; the diff is "
-                         "in docs/multinode.md")
 def test_new_requests_of_a_bucket_emptied_by_a_node_loss_fall_back_at_once(multinode, served):
     """Requests of the bucket whose only replica was on the lost node, sent right after the loss, are
     answered by the nearest bucket's engine (``x-route-fallback``), not held until Serve has started a
@@ -528,7 +527,7 @@ def test_a_load_ramp_scales_one_buckets_engines_out_across_nodes_and_back(multin
     bucket = "le1024"
     served["deploy"](time_scale=2.0, scaling={bucket: {"min_replicas": 1, "max_replicas": 3,
                                                        "target_ongoing_requests": 1, "upscale_delay_s": 0,
-                                                       "downscale_delay_s": 1}})
+                                                       "downscale_delay_s": 1, "look_back_period_s": 2}})
     url, key = served["url"], served["keys"][bucket]
     _wait("the app at one replica per deployment", lambda: all(v == 1 for v in running_replicas().values())
           and len(running_replicas()) == 4)

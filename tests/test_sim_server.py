@@ -226,6 +226,21 @@ def test_bad_request_is_openai_error_json(mtp_sim: Sim, body: dict, param: str) 
     assert err.value.code == 400 and "error" in json.loads(err.value.read())
 
 
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/completions", {"prompt": "word " * 200_000}, "prompt"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 200_000}]}, "messages"),
+])
+def test_a_prompt_over_the_context_without_max_tokens_names_the_prompt(mtp_sim: Sim, path: str, body: dict,
+                                                                          param: str) -> None:
+    """The client sent no max_tokens, so the error must not be about one ("must be >= 1, got -167232")."""
+    req = urllib.request.Request(mtp_sim.base + path, data=json.dumps(body).encode(), method="POST")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=30)
+    error = json.loads(err.value.read())["error"]
+    assert err.value.code == 400 and error["param"] == param and error["code"] == "context_length_exceeded"
+    assert "max_tokens" not in error["message"] and "shorten" in error["message"]
+
+
 def test_eos_may_stop_early_without_ignore_eos(mtp_sim: Sim) -> None:
     client = mtp_sim.client()
     counts = [client.completions.create(model=DEFAULT_PROFILE, prompt="p", max_tokens=3000, seed=i,

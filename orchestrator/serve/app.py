@@ -75,6 +75,8 @@ class ScalingSpec(_Args):
     max_ongoing_requests: int = Field(default=1024, ge=1, description="per replica; above it Serve queues")
     upscale_delay_s: float | None = Field(default=None, ge=0)
     downscale_delay_s: float | None = Field(default=None, ge=0)
+    look_back_period_s: float | None = Field(
+        default=None, gt=0, description="the window Serve averages ongoing requests over (its default: 30 s)")
 
     @model_validator(mode="after")
     def _consistent(self) -> ScalingSpec:
@@ -105,6 +107,8 @@ class ScalingSpec(_Args):
                 auto["upscale_delay_s"] = self.upscale_delay_s
             if self.downscale_delay_s is not None:
                 auto["downscale_delay_s"] = self.downscale_delay_s
+            if self.look_back_period_s is not None:
+                auto["look_back_period_s"] = self.look_back_period_s
             opts["autoscaling_config"] = auto
         else:
             opts["num_replicas"] = self.num_replicas if self.num_replicas is not None else 1

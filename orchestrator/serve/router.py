@@ -371,7 +371,7 @@ class Router:
             self._track(dep, +1)
             gen = self._streams[dep].generate.remote(path, payload)
             try:
-                head = await gen.__anext__()
+                head = await self._first_chunk(gen, dep)
                 status = int(head["status"])
                 if status >= 500:
                     raise RuntimeError(f"engine answered HTTP {status}")
@@ -389,6 +389,21 @@ class Router:
             ApiError(503, f"no engine can take the request now: {last_error}", "service_unavailable",
                      code="no_healthy_engine", headers={"retry-after": "5"})
         )
+
+    async def _first_chunk(self, gen: Any, deployment: str) -> Any:
+        """The engine's first chunk; raises as soon as ``deployment`` has no running replica left.
+
+        Serve's handle holds a request for a deployment whose replicas all died (a lost node) until a
+        replacement replica is up (an LMDeploy model load: minutes), while another bucket's engine
+        could answer now: the caller reroutes on the error, as for an engine that failed."""
+        first = asyncio.ensure_future(gen.__anext__())
+        while True:
+            done, _ = await asyncio.wait({first}, timeout=self.spec.status_refresh_s)
+            if done:
+                return first.result()
+            if deployment not in self._healthy:
+                first.cancel()
+                raise RuntimeError(f"{deployment} has no running replica (lost while the request waited)")
 
     async def _respond(
         self, parsed: ParsedRequest, d: RouteDecision, gen: Any, head: Mapping[str, Any], started: float, inject_usage: bool

@@ -372,6 +372,11 @@ def _parse(body: Any, engine: SimEngine, chat: bool) -> dict[str, Any]:
     max_tokens = _field(body, "max_completion_tokens", (int,), None) if chat else None
     max_tokens = max_tokens if max_tokens is not None else _field(body, "max_tokens", (int,), None)
     if max_tokens is None:
+        if prompt_tokens >= session_len:
+            # Name what the client sent: the prompt, not a max_tokens it never gave.
+            raise OpenAIError(f"the prompt is {prompt_tokens} tokens; the context (session length) holds "
+                              f"{session_len}: shorten it", param="messages" if chat else "prompt",
+                              code="context_length_exceeded")
         max_tokens = session_len - prompt_tokens
     if max_tokens < 1:
         raise OpenAIError(f"'max_tokens' must be >= 1, got {max_tokens}", param="max_tokens")

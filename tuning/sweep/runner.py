@@ -197,7 +197,7 @@ def run_sweep(
             tuner = tune.Tuner(
                 trainable,
                 tune_config=tune.TuneConfig(search_alg=build_search_alg(spec), num_samples=-1,
-                                            reuse_actors=False,
+                                            reuse_actors=True,
                                             trial_dirname_creator=_trial_dirname),
                 run_config=tune.RunConfig(
                     name=EXPERIMENT_NAME, storage_path=str(run_dir.resolve()), verbose=0,
