@@ -1,5 +1,5 @@
 #!/bin/sh
-# Install Prometheus (the Debian package) for tests/test_prometheus.py, quietly and idempotently:
+# Install Prometheus (the Debian package) for tests/integration/test_prometheus.py, quietly and idempotently:
 # nothing is done when a prometheus binary is already on PATH. Needs Debian/Ubuntu with apt-get,
 # as root or with sudo. Without Prometheus that test is skipped with the reason.
 set -eu
@@ -7,7 +7,7 @@ if command -v prometheus >/dev/null 2>&1; then
     exit 0
 fi
 if ! command -v apt-get >/dev/null 2>&1; then
-    echo "install_prometheus.sh: no apt-get here; install Prometheus >= 2.x by hand (tests/test_prometheus.py is skipped without it)" >&2
+    echo "install_prometheus.sh: no apt-get here; install Prometheus >= 2.x by hand (tests/integration/test_prometheus.py is skipped without it)" >&2
     exit 1
 fi
 SUDO=""

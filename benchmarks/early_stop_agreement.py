@@ -20,13 +20,13 @@ import os
 import platform
 import sys
 import time
-from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from orchestrator.config import EngineConfig  # noqa: E402
+from orchestrator.hostinfo import package_version  # noqa: E402
 from orchestrator.engine import EngineProcess  # noqa: E402
 from orchestrator.sim import DEFAULT_PROFILE, simulate_workload  # noqa: E402
 from tuning.bench import SteadyStateRule, benchmark  # noqa: E402
@@ -156,10 +156,7 @@ def main() -> int:
 
 
 def _ver(p: str) -> str:
-    try:
-        return metadata.version(p)
-    except metadata.PackageNotFoundError:
-        return "?"
+    return package_version(p) or "?"
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ JSON header), so no torch is needed on the orchestrating node. Every failure say
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import importlib.util
 import json
 import logging
@@ -37,6 +36,7 @@ from pathlib import Path
 
 from orchestrator.config import Backend, EngineConfig
 from orchestrator.errors import PreflightError
+from orchestrator.hostinfo import package_version
 
 __all__ = [
     "MIN_LMDEPLOY_VERSION",
@@ -75,10 +75,9 @@ def check_lmdeploy_version(min: str = MIN_LMDEPLOY_VERSION) -> str:  # noqa: A00
     Returns the installed version.
     """
     fix = f"pip install 'lmdeploy>={min}' (or install this project with its [gpu] extra: pip install -e '.[gpu]')"
-    try:
-        version = importlib.metadata.version("lmdeploy")
-    except importlib.metadata.PackageNotFoundError:
-        raise PreflightError(f"LMDeploy is not installed in this Python environment; {fix}") from None
+    version = package_version("lmdeploy")
+    if version is None:
+        raise PreflightError(f"LMDeploy is not installed in this Python environment; {fix}")
     if importlib.util.find_spec("lmdeploy") is None:
         raise PreflightError(
             f"LMDeploy {version} has package metadata but `import lmdeploy` cannot find the module "

@@ -1,7 +1,7 @@
 """The project's calls into private Ray (and prometheus_client) APIs, in one place.
 
 Each function wraps one private name and says why the public API does not do the job. A Ray upgrade
-that renames or drops one of them fails ``tests/test_raycompat.py`` (which asserts the name and the
+that renames or drops one of them fails ``tests/unit/test_raycompat.py`` (which asserts the name and the
 parameters used here still exist and still behave as relied on) instead of a deployed router.
 Nothing else in the project imports a private Ray or prometheus_client name.
 """

@@ -13,7 +13,7 @@ source benchmarks/gpu/device_env.sh
 mkdir -p "$OUT"
 python3 benchmarks/gpu/measure_mtp.py --versions > "$OUT/versions.json" 2>&1
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
-( timeout 560 python3 -m pytest tests/test_gpu_lmdeploy.py -v -s -p no:cacheprovider -o cache_dir=/tmp/pc \
+( timeout 560 python3 -m pytest tests/gpu/test_gpu_lmdeploy.py -v -s -p no:cacheprovider -o cache_dir=/tmp/pc \
     > "$OUT/gpu_tests.log" 2>&1; echo "pytest exit $?" >> "$OUT/gpu_tests.log" ) &
 TESTS=$!
 timeout 500 python3 -m tuning.checkpoint.train "$CKPT" --minutes "$MIN" > "$OUT/train.log" 2>&1

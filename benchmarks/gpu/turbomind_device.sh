@@ -6,7 +6,7 @@
 #       fla), puts the libraries where the binary looks first, checks that it loads (the project's
 #       preflight), and starts training the test checkpoint /root/ckpt in the background (~4 min)
 #   carry [".stage/t2"]: OUT=$OUT bash benchmarks/gpu/turbomind_device.sh t2
-#       installs part 2, runs tests/test_gpu_turbomind.py on an oracle checkpoint (pays LMDeploy's cold
+#       installs part 2, runs tests/gpu/test_gpu_turbomind.py on an oracle checkpoint (pays LMDeploy's cold
 #       compile meanwhile training runs), waits for the trained weights, runs the tests again on them
 #   then:                OUT=$OUT bash benchmarks/gpu/turbomind_device.sh measure [DEADLINE_S]
 #       benchmarks/gpu/measure_turbomind.py on /root/ckpt (TurboMind vs PyTorch MTP off vs MTP-3)
@@ -50,13 +50,13 @@ case $STEP in
     python3 -c "import lmdeploy, flash_attn_interface, fla; print('lmdeploy', lmdeploy.__version__)" || exit 1
     python3 benchmarks/gpu/measure_mtp.py --versions > "$OUT/versions.json" 2>&1
     set -o pipefail
-    timeout 360 python3 -m pytest tests/test_gpu_turbomind.py -v -s -p no:cacheprovider -o cache_dir=/tmp/pc \
+    timeout 360 python3 -m pytest tests/gpu/test_gpu_turbomind.py -v -s -p no:cacheprovider -o cache_dir=/tmp/pc \
       2>&1 | tee "$OUT/gpu_tests_oracle.log" | grep -E "PASSED|FAILED|ERROR|ready in|passed|failed|prompt "
     echo "pytest (oracle) exit $?"
     for _ in $(seq 1 60); do grep -q "saved /root/ckpt/model.safetensors" /root/tm/train.log && break; sleep 5; done
     grep -E "saved|expected accept|exit|Error" /root/tm/train.log | tail -4
     cp /root/tm/train.log "$OUT/train.log"
-    MTP_TEST_CHECKPOINT=/root/ckpt timeout 180 python3 -m pytest tests/test_gpu_turbomind.py -v -s -p no:cacheprovider \
+    MTP_TEST_CHECKPOINT=/root/ckpt timeout 180 python3 -m pytest tests/gpu/test_gpu_turbomind.py -v -s -p no:cacheprovider \
       -o cache_dir=/tmp/pc 2>&1 | tee "$OUT/gpu_tests_trained.log" | grep -E "PASSED|FAILED|ERROR|ready in|passed|failed|prompt "
     echo "pytest (trained) exit $?"
     cp /root/ckpt/train_report.json /root/ckpt/mtp_expected.json "$OUT/" 2>/dev/null

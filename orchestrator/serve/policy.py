@@ -1,7 +1,7 @@
 """Routing policy: pure functions from (request, routing table, live load, health) to a decision.
 
 The router (:mod:`orchestrator.serve.router`) carries decisions out; nothing here touches Ray,
-processes or the network, so every rule is unit-tested directly (``tests/test_policy.py``).
+processes or the network, so every rule is unit-tested directly (``tests/unit/test_policy.py``).
 
 Rules, in order:
 

@@ -1,7 +1,7 @@
 """The OpenAI request surface the router accepts: parse, validate, and say precisely what is wrong.
 
 Pure (no I/O): bytes in, a :class:`ParsedRequest` or an :class:`ApiError` out, so the parser is
-fuzzed directly (``tests/test_policy.py``). The router must never crash on client input, so every
+fuzzed directly (``tests/unit/test_policy.py``). The router must never crash on client input, so every
 failure a client can cause is an :class:`ApiError` with an OpenAI-style body::
 
     {"error": {"message": ..., "type": "invalid_request_error", "param": "max_tokens", "code": ...}}

@@ -17,12 +17,9 @@ __all__: list[str] = []
 
 
 def _versions(info: ServerInfo) -> dict[str, str]:
-    try:
-        from importlib.metadata import version
+    from orchestrator.hostinfo import package_version
 
-        ours = version("mtp-autotune")
-    except Exception:  # noqa: BLE001 - not installed (running from a checkout)
-        ours = "0.1.0+checkout"
+    ours = package_version("mtp-autotune") or "0.1.0+checkout"  # not installed: running from a checkout
     out = {"mtp_autotune": ours, "python": platform.python_version(), "engine": info.engine}
     if info.sim_info is not None:
         out["sim_profile"] = str(info.sim_info.get("profile", "unknown"))

@@ -80,7 +80,7 @@ def parser() -> argparse.ArgumentParser:
                    "pay one-time kernel set-up; 0 on the simulator)")
     w.add_argument("--no-burn-in", action="store_true",
                    help="with --model, do not run the first bucket once unmeasured before measuring (a fresh "
-                        "LMDeploy engine's first full-load run was the slower one on 7 of 7 H200 engines)")
+                        "LMDeploy engine's first full-load run is slower than the ones after it)")
     w.add_argument("--repeats", type=int, metavar="R", help="runs of each bucket on the same engine (default 1); "
                    "the lower-median run counts, every run's throughput and their spread go to results.csv "
                    "(tells run-to-run noise from engine-to-engine differences)")

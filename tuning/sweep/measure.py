@@ -49,9 +49,9 @@ class MeasurePlan:
         repeats: runs of each bucket x load level on the same engine; the lower-median run stands
             for them (:func:`representative_run`). On real GPUs short runs vary, and repeats on one
             engine tell run-to-run noise apart from engine-to-engine differences.
-        burn_in: run the first bucket's workload once, unmeasured, before measuring: on the H200 a
-            fresh engine's first full-load run was the slower one on 7 of 7 engines (1.11x-1.66x; the
-            short warm-up requests do not take its place), which biased whichever bucket came first.
+        burn_in: run the first bucket's workload once, unmeasured, before measuring: a fresh engine's
+            first full-load run is slower (one-time kernel and graph set-up that short warm-up requests
+            do not trigger), which would bias whichever bucket came first.
     """
 
     time_scale: float | None = None

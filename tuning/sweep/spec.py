@@ -85,7 +85,7 @@ class SweepSpec:
     """Runs of each bucket on the same engine; the lower-median run is kept, all runs are recorded."""
     burn_in: bool = False
     """Run the first bucket's workload once, unmeasured, before measuring (real engines: the first
-    full-load run after start-up was the slower one on 7 of 7 H200 engines, by up to 1.66x)."""
+    full-load run after start-up is slower than the ones after it)."""
 
     def __post_init__(self) -> None:
         if self.share_gpu and self.space.tp != 1:

@@ -20,7 +20,7 @@ from orchestrator.errors import OrchestratorError
 from orchestrator.sim.model import DEFAULT_PROFILE
 from orchestrator.sim.server import OpenAIError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MTP = ["--speculative-algorithm", "qwen3_5_mtp", "--speculative-num-draft-tokens", "3"]
 
 

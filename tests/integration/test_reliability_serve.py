@@ -1,6 +1,6 @@
 """Serving reliability under faults (real Ray Serve, simulated engines, real HTTP).
 
-Not repeated from ``tests/test_serve_app.py``: an engine killed while *idle* (later requests fall
+Not repeated from ``tests/integration/test_serve_app.py``: an engine killed while *idle* (later requests fall
 back, the replica is replaced), a force-killed replica does not orphan its engine, a table update
 with requests in flight loses none. Added here:
 

@@ -89,7 +89,7 @@ def test_key_is_stable_across_processes() -> None:
     out = subprocess.run(
         [sys.executable, "-c", code, json.dumps(MTP)], capture_output=True, text=True, check=True,
         env={"PYTHONHASHSEED": "123", "PATH": ""},
-        cwd=str(__import__("pathlib").Path(__file__).resolve().parent.parent),
+        cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]),
     )
     assert out.stdout.strip() == EngineConfig(**MTP).key()
 

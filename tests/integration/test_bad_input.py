@@ -1,8 +1,8 @@
 """Malformed and hostile input: against the running router (real Ray Serve, a simulated engine) and
 fuzzed directly at the two parsers that take outside input.
 
-Not repeated from ``tests/test_serve_app.py`` (which checks a dozen bad chat bodies, 401s and a
-5 MiB body) nor from ``tests/test_policy.py`` (random bytes / random JSON into ``parse_request``).
+Not repeated from ``tests/integration/test_serve_app.py`` (which checks a dozen bad chat bodies, 401s and a
+5 MiB body) nor from ``tests/unit/test_policy.py`` (random bytes / random JSON into ``parse_request``).
 Added here:
 
 - a wider table of bad requests on *both* endpoints, each answered with an OpenAI-style 4xx and

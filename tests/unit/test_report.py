@@ -23,7 +23,7 @@ from orchestrator.fsutil import utc_now_iso
 from orchestrator.table import Provenance
 from tuning.sweep.space import ROLE_MTP_OFF, ROLE_SEARCH, ROLE_STATIC
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PROFILE = "intern-s2-preview-8xh200"
 BOUNDS = (1024, 4096, 8192)
 BUCKET_NAMES = ("le1024", "le4096", "le8192")

@@ -22,7 +22,7 @@ import yaml
 pytest.importorskip("jsonschema")  # ray's validate_config needs it
 from ray.autoscaler._private.util import prepare_config, validate_config  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CLUSTERS = ROOT / "clusters"
 LAUNCHER_YAMLS = ["aws-p5en.yaml", "gcp-a3-ultragpu.yaml", "onprem.yaml"]
 KUBERAY_YAMLS = ["rayservice.yaml", "rayjob.yaml", "storage.yaml"]

@@ -11,10 +11,10 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from test_report import BUCKET_NAMES, make_sim_run_dir  # noqa: E402  (the synthetic run dir builder)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "sweep_analysis.ipynb"
 
 

@@ -326,7 +326,8 @@ BUCKET_CONFIGS = {  # bucket -> engine config: one engine deployment per bucket
     "le1024": {**OFF, "speculative_algorithm": "qwen3_5_mtp", "num_draft_tokens": 2},
     "le4096": {**OFF, "speculative_algorithm": "qwen3_5_mtp", "num_draft_tokens": 4},
 }
-DEPLOYMENTS = ("router", *(EngineConfig(**c).key() for c in BUCKET_CONFIGS.values()))
+DEPLOYMENTS = ["router", *(EngineConfig(**c).key() for c in BUCKET_CONFIGS.values())]
+"""Deployment names replica titles are matched against (a deploy with other engine flags adds its keys)."""
 
 
 def replicas_by_node(app: str = APP) -> dict[str, list[str]]:
@@ -397,8 +398,24 @@ def served(multinode, tmp_path_factory):
     port = find_free_port()
     serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
 
-    def deploy(*, time_scale: float, scaling: dict | None = None) -> None:
-        args = {"routing_table": str(table_path), "sim_time_scale": time_scale, "scaling": scaling or {},
+    def deploy(*, time_scale: float, scaling: dict | None = None, startup_delay_s: float = 0.0) -> None:
+        """(Re)deploy the app; ``startup_delay_s`` (simulated) makes every engine, and so every replacement
+        replica, take that long to start, as a real model load does (the engine keys change with it)."""
+        path = table_path
+        configs = {b: EngineConfig(**c) for b, c in BUCKET_CONFIGS.items()}
+        if startup_delay_s:
+            configs = {b: c.replace(extra_flags=("--startup-delay", f"{startup_delay_s:g}")) for b, c in configs.items()}
+            path = base / f"routing_table_startup_{startup_delay_s:g}.json"
+            routing.commit({
+                "provenance": {"model": PROFILE, "gpu_type": "none (simulated)", "gpu_count": 0,
+                               "sweep_id": "multinode", "created_at": utc_now_iso(), "simulated": True},
+                "buckets": [{"name": b, "max_output_len": int(b[2:]), "config": c.to_dict(),
+                             "figures": {"output_throughput": 1000.0}} for b, c in configs.items()],
+                "default_max_tokens": 64,
+            }, path)
+        keys.update({b: c.key() for b, c in configs.items()})
+        DEPLOYMENTS.extend(k for k in keys.values() if k not in DEPLOYMENTS)
+        args = {"routing_table": str(path), "sim_time_scale": time_scale, "scaling": scaling or {},
                 "engine": {"log_dir": str(base / "engine-logs"), "health_check_period_s": 1.0,
                            "health_check_timeout_s": 3.0, "health_timeout_s": 1.0, "metrics_poll_s": 1.0,
                            "graceful_shutdown_timeout_s": 5.0},
@@ -425,11 +442,11 @@ def _concurrently(fn, items):  # noqa: ANN001, ANN202
         return list(pool.map(fn, items))
 
 
-def _victim(served) -> tuple[str, str, str]:  # noqa: ANN001
+def _victim(served, startup_delay_s: float = 0.0) -> tuple[str, str, str]:  # noqa: ANN001
     """Deploy at half real speed (a stream of any bucket then lasts seconds, long enough to be cut) and
     pick the longest bucket whose only engine replica is on a GPU node without the router: (bucket,
     its engine deployment, that node)."""
-    served["deploy"](time_scale=0.5)
+    served["deploy"](time_scale=0.5, startup_delay_s=startup_delay_s)
     keys = served["keys"]
     placed = _wait("one replica per deployment", lambda: (lambda r: r if all(
         len(r.get(k, [])) == 1 for k in keys.values()) and r.get("router") else None)(replicas_by_node()))
@@ -504,8 +521,9 @@ def test_losing_a_node_while_serving(multinode, served):
 def test_new_requests_of_a_bucket_emptied_by_a_node_loss_fall_back_at_once(multinode, served):
     """Requests of the bucket whose only replica was on the lost node, sent right after the loss, are
     answered by the nearest bucket's engine (``x-route-fallback``), not held until Serve has started a
-    replacement replica (with a real engine, a model load of minutes)."""
-    victim_bucket, victim_key, victim_node = _victim(served)
+    replacement replica (with a real engine, a model load of minutes: here every engine takes 8 s of wall
+    time to start, so the replacement cannot be up before the router has to decide)."""
+    victim_bucket, victim_key, victim_node = _victim(served, startup_delay_s=4.0)
     url = served["url"]
     multinode.remove(victim_node)
     try:

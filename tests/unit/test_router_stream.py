@@ -279,7 +279,7 @@ def test_replica_yields_what_arrived_together_as_one_item_and_never_waits_for_mo
 def test_serve_cancelling_the_receive_channel_ends_a_stream_without_an_error(caplog):
     """Under Serve, ``receive()`` is a call to the proxy that Serve cancels when the request finishes;
     it raises ``TaskCancelledError`` in Starlette's disconnect listener. That is a disconnect, logged at
-    debug level: a normal streaming load must log no ERROR (``tests/test_serve_app.py`` checks the
+    debug level: a normal streaming load must log no ERROR (``tests/integration/test_serve_app.py`` checks the
     router's Serve log under a real load)."""
     import logging
 
@@ -323,7 +323,7 @@ def test_serve_cancelling_the_receive_channel_ends_a_stream_without_an_error(cap
 
 def test_a_router_of_real_engines_says_they_are_not_simulated():
     """/sim/info answers 404 and no response carries the simulated marker unless every engine of the
-    table is simulated (the simulated case runs on real Serve in tests/test_serve_app.py)."""
+    table is simulated (the simulated case runs on real Serve in tests/integration/test_serve_app.py)."""
     from starlette.requests import Request
 
     real = EngineConfig(backend="pytorch", model="/models/m", tp=1)

@@ -113,7 +113,7 @@ def test_a_run_dir_from_before_typed_rows_still_loads(tmp_path):
 
     from tuning.sweep.records import reported_trial_ids
 
-    run_dirs = [d.parent for d in (Path(__file__).parents[1] / "benchmarks" / "results").glob("*/*/trial-results")]
+    run_dirs = [d.parent for d in (Path(__file__).parents[2] / "benchmarks" / "results").glob("*/*/trial-results")]
     assert run_dirs
     for run_dir in run_dirs:
         for trial_id in reported_trial_ids(run_dir):

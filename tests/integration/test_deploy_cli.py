@@ -23,7 +23,7 @@ from orchestrator.raycluster import auth_env, auth_help, is_this_host
 
 pytest.importorskip("ray")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENGINE = EngineConfig(backend="sim", model="intern-s2-preview-8xh200", tp=8)
 
 

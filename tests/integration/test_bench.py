@@ -33,7 +33,7 @@ from tuning.bench.drain import _isotonic, _StreamStats
 from tuning.bench.steady import _SteadyStateTracker, _t_quantile
 from tuning.workload import Workload, build_requests
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PROFILE = DEFAULT_PROFILE
 TIME_SCALE = 20.0
 MTP = EngineConfig(backend="sim", model=PROFILE, tp=8, speculative_algorithm="qwen3_5_mtp", num_draft_tokens=3)

@@ -1,6 +1,6 @@
 """Sweep reliability under injected faults (real Ray Tune, real simulated engines, no mocks).
 
-What ``tests/test_sweep.py`` already proves is not repeated here (an engine that crashes at start
+What ``tests/integration/test_sweep.py`` already proves is not repeated here (an engine that crashes at start
 fails its trial; an in-process ``resume=True`` neither loses nor re-runs trials; an incomplete sweep
 keeps the previous table; ``routing.commit`` survives a failed fsync / a file in the way). This file
 adds:
@@ -36,7 +36,7 @@ from tuning.sweep.space import ROLE_MTP_OFF, ROLE_STATIC, NamedPoint, SearchSpac
 from tuning.sweep import SweepSpec, run_sweep
 from tuning.sweep.records import reported_trial_ids
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PROFILE = "intern-s2-preview-8xh200"
 FAST = ("--startup-delay", "1")
 

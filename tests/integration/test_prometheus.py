@@ -40,7 +40,7 @@ pytestmark = [
                                                   ".ci/install_prometheus.sh)"),
 ]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "orchestrator" / "serve" / "grafana_dashboard.json"
 APP = "mtp-prometheus"
 PROFILE = "intern-s2-preview-8xh200"

@@ -1,7 +1,7 @@
 """Security properties of the serving path (real Ray Serve, a simulated engine).
 
-Not repeated: ``tests/test_serve_app.py`` checks 401 for a missing / wrong / non-Bearer key and that
-an error body never echoes the key; ``tests/test_clusters.py`` checks that cluster YAMLs and
+Not repeated: ``tests/integration/test_serve_app.py`` checks 401 for a missing / wrong / non-Bearer key and that
+an error body never echoes the key; ``tests/unit/test_clusters.py`` checks that cluster YAMLs and
 manifests expose no public port and never set ``trust_remote_code``. Added here:
 
 - keys on every endpoint that serves data (``/v1/models`` too), several keys at once, keys given as
@@ -224,7 +224,7 @@ def test_trust_remote_code_only_when_asked():
     asked = EngineConfig(backend="pytorch", model="/models/m", extra_flags=("--trust-remote-code",))
     assert "--trust-remote-code" in asked.command(host="127.0.0.1", port=1)
     # No code path of ours adds it on its own.
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     for package in ("orchestrator", "tuning"):
         for path in (root / package).rglob("*.py"):
             text = path.read_text(encoding="utf-8")

@@ -15,7 +15,7 @@ from tuning.buckets import make_buckets
 from tuning.sweep import SweepSpec, run_sweep
 from tuning.sweep.space import ROLE_MTP_OFF, ROLE_STATIC, NamedPoint, SearchSpace
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PROFILE = "intern-s2-preview-8xh200"
 FAST = ("--startup-delay", "1")  # simulated seconds of engine start-up (the profile's 128 s is realistic)
 
@@ -274,7 +274,7 @@ def test_a_real_trial_records_the_cpus_it_was_pinned_to_and_the_host_cpu():
     CPUs the trial (and the engine it starts) could use: a ``taskset`` pinning shows up there."""
     cpu = min(os.sched_getaffinity(0))
     out = subprocess.run([sys.executable, "-c", "import json; from orchestrator.hostinfo import measured_on; "
-                          "print(json.dumps(measured_on()))"], cwd=Path(__file__).parents[1], capture_output=True,
+                          "print(json.dumps(measured_on()))"], cwd=Path(__file__).parents[2], capture_output=True,
                          text=True, check=True, preexec_fn=lambda: os.sched_setaffinity(0, {cpu})).stdout
     facts = json.loads(out)
     assert facts["cpus"] == 1

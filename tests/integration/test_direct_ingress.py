@@ -4,7 +4,7 @@ The pure part reads Serve instance details documents; the end-to-end test deploy
 with ``python -m orchestrator.deploy``'s ``main`` on a local Ray started with
 ``RAY_SERVE_ENABLE_DIRECT_INGRESS=1`` — in a subprocess, because the flag must be in the environment
 before Ray (and Serve's constants) start — and talks to the printed URL with the OpenAI client.
-The direct-ingress-off case on a live cluster is in ``tests/test_serve_app.py``.
+The direct-ingress-off case on a live cluster is in ``tests/integration/test_serve_app.py``.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import pytest
 from orchestrator.deploy import direct_ingress_urls_from_details
 from orchestrator.serve.app import ROUTER_DEPLOYMENT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 APP = "mtp-router"
 
 

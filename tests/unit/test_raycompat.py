@@ -29,7 +29,7 @@ def test_handle_options_still_takes_by_reference_and_the_serializers():
 @pytest.mark.parametrize("by_reference", [False, True])
 def test_the_handle_options_record_the_transport(by_reference):
     """What ``handle.options(...)`` stores on the new handle (calling it needs a running Serve; the
-    served path is tests/test_serve_app.py, which deploys with the gRPC transport)."""
+    served path is tests/integration/test_serve_app.py, which deploys with the gRPC transport)."""
     from ray.serve.handle import DeploymentHandle
 
     opts = DeploymentHandle("engine", "app").handle_options.copy_and_update(
@@ -91,7 +91,7 @@ def test_a_driver_node_still_says_whether_it_is_the_head_it_started():
     assert "self.head = head" in inspect.getsource(node.Node.__init__)
     assert hasattr(worker, "_global_node")
     assert raycompat.driver_started_cluster() is False  # not connected: nothing started
-    # (True after a local ray.init: tests/test_deploy_cli.py's local deploy stays up because of it)
+    # (True after a local ray.init: tests/integration/test_deploy_cli.py's local deploy stays up because of it)
 
 
 def test_no_other_module_calls_a_private_ray_name():
