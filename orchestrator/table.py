@@ -64,6 +64,16 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+def _without_unset(data: dict[str, Any], *keys: str) -> dict[str, Any]:
+    """``data`` without ``keys`` whose value is unset (``None``) or empty. Fields added after a schema
+    shipped are written only when set, so a table that does not use them stays byte-identical to one
+    written before they existed, and builds that predate them (``extra="forbid"``) still read it."""
+    for key in keys:
+        if data.get(key) is None or data.get(key) == [] or data.get(key) == ():
+            data.pop(key, None)
+    return data
+
+
 class BucketFigures(_Model):
     """What was measured for one config on one bucket's workload (medians unless named)."""
 
@@ -91,12 +101,7 @@ class BucketFigures(_Model):
 
     @model_serializer(mode="wrap")
     def _omit_unset_spread(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # Written only when measured, so figures without a spread read the same as before the fields existed.
-        data = handler(self)
-        for key in ("output_throughput_ci", "rounds"):
-            if data.get(key) is None:
-                data.pop(key, None)
-        return data
+        return _without_unset(handler(self), "output_throughput_ci", "rounds")
 
 
 class SamplingBand(_Model):
@@ -218,10 +223,7 @@ class BucketRoute(_Model):
 
     @model_serializer(mode="wrap")
     def _omit_empty_cells(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data = handler(self)
-        if not data.get("cells"):
-            data.pop("cells", None)
-        return data
+        return _without_unset(handler(self), "cells")
 
 
 class GpuBudget(_Model):
@@ -261,12 +263,7 @@ class Provenance(_Model):
 
     @model_serializer(mode="wrap")
     def _omit_unset_budget(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # Written only when set: a table chosen without a budget stays byte-identical to one written
-        # before the field existed, and builds that predate it (extra="forbid") still read it.
-        data = handler(self)
-        if data.get("gpu_budget") is None:
-            data.pop("gpu_budget", None)
-        return data
+        return _without_unset(handler(self), "gpu_budget")
 
 
 class RoutingTable(_Model):
@@ -359,10 +356,7 @@ class RoutingTable(_Model):
 
     @model_serializer(mode="wrap")
     def _omit_default_sampling(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data = handler(self)
-        if data.get("default_temperature") is None:
-            data.pop("default_temperature", None)
-        return data
+        return _without_unset(handler(self), "default_temperature")
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=False) + "\n"

@@ -30,7 +30,8 @@ from tuning.bench import (
     predict_full_run_end,
 )
 from tuning.bench.drain import _isotonic, _StreamStats
-from tuning.bench.steady import _SteadyStateTracker, _t_quantile
+from tuning.bench.steady import _SteadyStateTracker
+from tuning.stats import t_quantile as _t_quantile
 from tuning.workload import Workload, build_requests
 
 ROOT = Path(__file__).resolve().parents[2]

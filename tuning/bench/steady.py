@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from tuning.bench.errors import BenchError
+from tuning.stats import t_quantile
 
 __all__ = ["SteadyStateEstimate", "SteadyStateRule"]
 
@@ -100,19 +100,6 @@ class SteadyStateEstimate:
         return out
 
 
-def _t_quantile(p: float, df: int) -> float:
-    """Student-t quantile (Abramowitz & Stegun 26.7.5 expansion; < 1e-3 relative error for df >= 3).
-
-    Keeps scipy out of the dependencies for one number.
-    """
-    z = statistics.NormalDist().inv_cdf(p)
-    g1 = (z**3 + z) / 4
-    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
-    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
-    g4 = (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160
-    return z + g1 / df + g2 / df**2 + g3 / df**3 + g4 / df**4
-
-
 class _SteadyStateTracker:
     """Output tokens per fixed window while saturated, and the batch-means interval over windows.
 
@@ -174,7 +161,7 @@ class _SteadyStateTracker:
         rates = used.reshape(k, size).sum(axis=1) / (size * self.rule.window_s)  # tokens per server-time second
         mean = float(np.mean(rates))
         sd = float(np.std(rates, ddof=1))
-        t = _t_quantile(0.5 + self.rule.confidence / 2, k - 1)
+        t = t_quantile(0.5 + self.rule.confidence / 2, k - 1)
         return SteadyStateEstimate(
             throughput=mean,
             half_width=t * sd / math.sqrt(k),
