@@ -24,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from orchestrator.errors import OrchestratorError
+from orchestrator.config import API_DEFAULT_TEMPERATURE, Backend
 from orchestrator.ports import host_boot_id
 from orchestrator.sim import tokenizer
 from orchestrator.sim.model import EngineParams, PerformanceModel, Profile
@@ -384,7 +385,7 @@ def _parse(body: Any, engine: SimEngine, chat: bool) -> dict[str, Any]:
         raise OpenAIError(
             f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds the session length "
             f"{session_len}; lower max_tokens", param="max_tokens", code="context_length_exceeded")
-    temperature = float(_field(body, "temperature", (int, float), 1.0))
+    temperature = float(_field(body, "temperature", (int, float), API_DEFAULT_TEMPERATURE[Backend.SIM]))
     if not 0.0 <= temperature <= 2.0:
         raise OpenAIError(f"'temperature' must be in [0, 2], got {temperature}", param="temperature")
     stream_options = _field(body, "stream_options", (dict,), {}) or {}
