@@ -41,6 +41,7 @@ __all__ = [
     "IncompleteResultsError",
     "STATUS_OK",
     "STATUS_FAILED",
+    "cell_measurements",
     "commit_table",
     "config_of_row",
     "failed_rows",
@@ -482,16 +483,17 @@ def _at_temperature(df: pd.DataFrame, temperature: float) -> pd.DataFrame:
     return df[t.isna() | (t == temperature)]
 
 
-def _cells(b: Bucket, at_bucket: pd.DataFrame, primary_key: str, constraints: Constraints,
-           min_gain: float) -> tuple[tuple[Cell, ...], list[str]]:
-    """The bucket's cells from its rows at every (temperature, concurrency), and why others were not."""
-    from tuning.cells import CellMeasurement, choose_cells
+def cell_measurements(rows: pd.DataFrame, b: Bucket) -> list[Any]:
+    """Bucket ``b``'s successful rows as :class:`tuning.cells.CellMeasurement` s: one per config x
+    sampling band x concurrency, every repeat's throughput a sample (rows from before the temperature
+    column stand for the bucket's primary temperature)."""
+    from tuning.cells import CellMeasurement
 
     samples: dict[tuple[str, str, int], list[float]] = {}
     configs: dict[str, dict[str, Any]] = {}
     accept: dict[tuple[str, str, int], float] = {}
-    eligible = at_bucket[constraints.mask(at_bucket)] if not at_bucket.empty else at_bucket
-    for row in eligible.to_dict("records"):
+    rows = rows[(rows["bucket"] == b.name) & (rows["status"] == STATUS_OK) & rows["output_throughput"].notna()]
+    for row in rows.to_dict("records"):
         t = row.get("temperature")
         t = b.primary_temperature if _isnull(t) else float(t)
         band = routing.band_of(t)
@@ -504,9 +506,18 @@ def _cells(b: Bucket, at_bucket: pd.DataFrame, primary_key: str, constraints: Co
         configs[k[0]] = config_of_row(row)
         if not _isnull(row.get("accept_length")):
             accept[k] = float(row["accept_length"])
-    measured = [CellMeasurement(config=configs[key], bucket=b.name, band=band, in_flight=c, throughputs=tuple(v),
-                                accept_length=accept.get((key, band, c)))
-                for (key, band, c), v in samples.items() if v]
+    return [CellMeasurement(config=configs[key], bucket=b.name, band=band, in_flight=c, throughputs=tuple(v),
+                            accept_length=accept.get((key, band, c)))
+            for (key, band, c), v in samples.items() if v]
+
+
+def _cells(b: Bucket, at_bucket: pd.DataFrame, primary_key: str, constraints: Constraints,
+           min_gain: float) -> tuple[tuple[Cell, ...], list[str]]:
+    """The bucket's cells from its rows at every (temperature, concurrency), and why others were not."""
+    from tuning.cells import choose_cells
+
+    eligible = at_bucket[constraints.mask(at_bucket)] if not at_bucket.empty else at_bucket
+    measured = cell_measurements(eligible, b)
     primary_band = routing.band_of(b.primary_temperature)
     assert primary_band is not None
     choice = choose_cells(measured, primary_band=primary_band.name, primary_in_flight=b.primary_concurrency,
@@ -570,7 +581,8 @@ def summary_rows(table: RoutingTable) -> list[dict[str, Any]]:
             "bucket": b.name, "config": cfg.label(), "output_throughput": b.figures.output_throughput,
             "accept_length": b.figures.accept_length,
             "gain_vs_mtp_off": b.gains.get("mtp_off"), "gain_vs_static": b.gains.get("static"),
-            "load_variants": [f">={v.min_concurrency}: {v.engine_config().label()}" for v in b.load_variants],
+            "load_variants": [f">={v.min_concurrency}: {v.engine_config().label()}" for v in b.load_variants]
+            + [f"{c.sampling or 'any'} >={c.min_in_flight}: {c.engine_config().label()}" for c in b.cells],
         })
     return out
 

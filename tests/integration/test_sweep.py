@@ -379,6 +379,34 @@ def test_a_temperature_sweep_gives_sampled_traffic_its_own_cell(tmp_path):
     assert choose_route(1000, table, {primary: 64}, temperature=0.8).deployment == cell.engine_config().key()
     assert choose_route(1000, table, {primary: 64}, temperature=0.0).deployment == primary
 
+    # The summary's traffic-mix line: half greedy, half sampled tokens, served by the table (primary +
+    # cell) against the best single config everywhere, over the cells this sweep measured.
+    import re
+
+    from tuning.sweep.summary import traffic_line
+    from tuning.traffic import TrafficMix
+
+    mix = TrafficMix.model_validate({"classes": [{"max_tokens": 1000, "temperature": 0.0, "share": 1},
+                                                 {"max_tokens": 1000, "temperature": 0.8, "share": 1}]})
+    line = traffic_line(table, df, spec, mix)
+    greedy_best, sampled_best = by[(ROLE_STATIC, "greedy")], by[(ROLE_MTP_OFF, "sampled")]
+    singles = [1 / (0.5 / by[(role, "greedy")] + 0.5 / by[(role, "sampled")]) for role in (ROLE_STATIC, ROLE_MTP_OFF)]
+    expected = (1 / (0.5 / greedy_best + 0.5 / sampled_best)) / max(singles)
+    assert f"{expected:.2f}x" in line and float(re.search(r"([0-9.]+)x \(the mix", line).group(1)) > 1.0, line
+
+
+def test_a_bad_traffic_mix_is_refused_before_anything_starts(tmp_path, capsys):
+    from tuning.sweep.cli import main
+
+    bad = tmp_path / "mix.yaml"
+    bad.write_text("classes:\n  - {max_tokens: 0, temperature: 0, share: 1}\n")
+    assert main(["--traffic-mix", str(bad), "--run-dir", str(tmp_path / "run")]) == 2
+    assert "max_tokens" in capsys.readouterr().err and not (tmp_path / "run").exists()
+    log = tmp_path / "requests.jsonl"
+    log.write_text('{"max_tokens": 5}\nnot json\n')
+    assert main(["--request-log", str(log), "--run-dir", str(tmp_path / "run")]) == 2
+    assert "line 2: not JSON" in capsys.readouterr().err
+
 
 def test_cli_temperatures_reach_every_bucket():
     from orchestrator.errors import ConfigError

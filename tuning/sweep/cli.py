@@ -22,6 +22,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from orchestrator.errors import OrchestratorError
 from orchestrator.sim.model import DEFAULT_PROFILE
@@ -72,6 +73,11 @@ def parser() -> argparse.ArgumentParser:
                    help="sampling temperatures per bucket, primary first, e.g. 0,0.8: with more than one, every "
                         "(temperature band, concurrency) may get its own config in the table (cells), where it beats "
                         "the bucket's primary beyond the noise")
+    mix = w.add_mutually_exclusive_group()
+    mix.add_argument("--traffic-mix", metavar="FILE", help="a traffic mix (YAML/JSON: classes of max_tokens, "
+                     "temperature, share): the summary predicts the table against the best single config on it")
+    mix.add_argument("--request-log", metavar="FILE", help="a request log (one OpenAI request body per line) whose "
+                     "max_tokens/temperature shares are the traffic mix, as --traffic-mix")
     w.add_argument("--num-prompts", type=int, help="prompts per bucket (default per bucket from defaults.yaml)")
     w.add_argument("--dataset", choices=["random", "sharegpt"], help="dataset (default random)")
     w.add_argument("--dataset-path", help="ShareGPT JSON for --dataset sharegpt")
@@ -124,8 +130,32 @@ def _float_list(v: str) -> list[float]:
     return [float(x) for x in v.split(",") if x.strip()]
 
 
+def _traffic(args: argparse.Namespace) -> Any:
+    """The traffic mix of ``--traffic-mix`` or ``--request-log`` (``None`` without either)."""
+    from orchestrator.config import API_DEFAULT_TEMPERATURE, Backend
+    from tuning.traffic import TrafficError, load_mix, mix_from_request_log
+
+    if args.traffic_mix:
+        return load_mix(args.traffic_mix)
+    if not args.request_log:
+        return None
+    try:
+        with open(args.request_log, encoding="utf-8") as f:
+            lines = f.readlines()
+    except OSError as e:
+        raise TrafficError(f"cannot read request log {args.request_log}: {e}") from None
+    first_bound = int(args.buckets.split(",")[0]) if args.buckets else 1024  # the table's default_max_tokens
+    return mix_from_request_log(lines, default_max_tokens=first_bound,
+                                default_temperature=API_DEFAULT_TEMPERATURE[Backend.PYTORCH if args.model else Backend.SIM])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    try:
+        traffic = _traffic(args)  # before anything starts: a bad file costs no sweep
+    except OrchestratorError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     import ray
 
     defaults = load_defaults()
@@ -170,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         outcome = run_sweep(spec, num_trials=num_trials, time_budget_s=args.time_budget_s, resume=resume,
                             live=not args.no_live, commit_to=())
-        print_summary(outcome, console=console)
+        print_summary(outcome, console=console, traffic=traffic)
         # A table that could not be committed everywhere it was asked for (e.g. the serving path)
         # is a failed sweep too: the caller must not go on to deploy from that path.
         return 0 if outcome.table is not None and outcome.error is None else 3

@@ -12,10 +12,12 @@ from tuning.results import STATUS_OK, summary_rows
 from tuning.sweep.runner import SweepOutcome
 from tuning.sweep.spec import SweepSpec
 
-__all__ = ["mixed_line", "next_commands", "print_summary", "serving_line"]
+__all__ = ["mixed_line", "next_commands", "print_summary", "serving_line", "traffic_line"]
 
 
-def print_summary(outcome: SweepOutcome, *, console: Any = None) -> None:
+def print_summary(outcome: SweepOutcome, *, console: Any = None, traffic: Any = None) -> None:
+    """The sweep's summary; ``traffic`` (a :class:`tuning.traffic.TrafficMix`) adds the table against the
+    best single config on that mix, over every cell the sweep measured."""
     from rich.console import Console
     from rich.table import Table
 
@@ -43,6 +45,8 @@ def print_summary(outcome: SweepOutcome, *, console: Any = None) -> None:
         mixed = mixed_line(outcome.table, df)
         if mixed:
             console.print(mixed)
+        if traffic is not None:
+            console.print(traffic_line(outcome.table, df, spec, traffic))
         for note in (budget.notes if budget else ()):
             console.print(f"  - {note}")
         if outcome.error:
@@ -104,6 +108,35 @@ def mixed_line(table: RoutingTable, results: Any) -> str | None:
     return (f"mixed workload: {pred.per_bucket_throughput:,.0f} tok/s with this table vs {single:,.0f} with the best "
             f"single config ({label}) everywhere: {pred.ratio:.2f}x (each bucket's workload once; predicted from "
             "these figures, not measured)")
+
+
+def traffic_line(table: RoutingTable, results: Any, spec: SweepSpec, traffic: Any) -> str:
+    """The table (its primaries and cells) against every single config on the user's traffic mix, at each
+    bucket's primary load, predicted from this sweep's figures (:func:`tuning.cells.predict_mix`)."""
+    from tuning.cells import BucketChoice, predict_mix
+    from tuning.results import cell_measurements
+
+    measured = [m for b in spec.buckets for m in cell_measurements(results, b)]
+    choices = {b.name: BucketChoice(b.name, b.engine_config().key(), b.config, b.figures, b.cells)
+               for b in table.buckets}
+    levels = {b.primary_concurrency for b in spec.buckets}
+    shares = traffic.cell_shares(table, by="tokens")
+    missing = sorted({band for _, band in shares} - {m.band for m in measured})
+    if missing or len(levels) != 1:
+        why = (f"the sweep measured no {', '.join(missing)} traffic (add --temperatures, e.g. 0,0.8)" if missing
+               else "the buckets' primary loads differ")
+        return f"traffic mix: not predicted: {why}"
+    try:
+        pred = predict_mix(measured, choices, shares, in_flight=levels.pop())
+    except ValueError as e:
+        return f"traffic mix: not predicted: {e}"
+    if pred.best_single is None:
+        return (f"traffic mix: {pred.table_throughput:,.0f} tok/s with this table; no single config was measured on "
+                "every cell of the mix")
+    key, single = pred.best_single
+    return (f"traffic mix: {pred.table_throughput:,.0f} tok/s with this table vs {single:,.0f} with the best single "
+            f"config ({key}) everywhere: {pred.ratio:.2f}x (the mix's tokens per bucket and sampling band; "
+            "predicted from these figures, not measured)")
 
 
 def _pct(v: float | None) -> str:
