@@ -238,16 +238,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _versions() -> dict[str, str]:
-    import importlib.metadata
     import platform
     import subprocess
 
+    from orchestrator.hostinfo import package_version
+
     out = {"python": platform.python_version()}
     for dist in ("lmdeploy", "torch", "transformers", "triton", "flash_attn_3", "nvidia-cuda-runtime-cu12"):
-        try:
-            out[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            out[dist] = "absent"
+        out[dist] = package_version(dist) or "absent"
     try:
         out["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                                     capture_output=True, text=True, timeout=20).stdout.strip()
