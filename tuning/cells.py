@@ -10,14 +10,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.config import EngineConfig
 from orchestrator.table import BucketFigures, Cell
+from tuning.mixed import MixedPrediction, mixed_throughput
 from tuning.stats import mean_confidence_interval
 
-__all__ = ["BucketChoice", "CellMeasurement", "MixPrediction", "choose_cells", "predict_mix"]
+__all__ = ["BucketChoice", "CellMeasurement", "choose_cells", "predict_mix"]
 
 
 @dataclass(frozen=True)
@@ -119,31 +120,12 @@ def choose_cells(measurements: Iterable[CellMeasurement], *, primary_band: str, 
     return out
 
 
-@dataclass(frozen=True)
-class MixPrediction:
-    """A traffic mix's predicted output tok/s served by the chosen cells and by each single config."""
-
-    table_throughput: float
-    singles: tuple[tuple[str, float], ...] = field(default_factory=tuple)
-    """(engine key, tok/s), best first: configs measured on every cell the mix touches."""
-
-    @property
-    def best_single(self) -> tuple[str, float] | None:
-        return self.singles[0] if self.singles else None
-
-    @property
-    def ratio(self) -> float | None:
-        """The table over the best single config."""
-        best = self.best_single
-        return self.table_throughput / best[1] if best else None
-
-
 def predict_mix(measurements: Sequence[CellMeasurement], choices: Mapping[str, BucketChoice],
-                token_shares: Mapping[tuple[str, str], float], *, in_flight: int) -> MixPrediction:
+                token_shares: Mapping[tuple[str, str], float], *, in_flight: int) -> MixedPrediction:
     """Output tok/s of a mix whose output tokens fall on (bucket, band) in ``token_shares``
     (:meth:`tuning.traffic.TrafficMix.cell_shares` with ``by="tokens"``), at ``in_flight`` requests per
-    replica: the time to serve each cell's tokens at the rate of the config that serves it,
-    ``1 / sum(share / throughput)``, for the table and for every single config."""
+    replica, served by the chosen cells (``per_bucket_throughput``) and by every single config measured
+    on every cell of the mix (:func:`tuning.mixed.mixed_throughput` over cells instead of buckets)."""
     rate = {(m.engine_key, m.bucket, m.band): m.figures().output_throughput
             for m in measurements if m.in_flight == in_flight}
     cells = [k for k, s in token_shares.items() if s > 0]
@@ -152,19 +134,21 @@ def predict_mix(measurements: Sequence[CellMeasurement], choices: Mapping[str, B
     missing = [c for c in cells if c[0] not in choices]
     if missing:
         raise ValueError(f"no choice for bucket(s) of the mix: {sorted({b for b, _ in missing})}")
+    tokens = {f"{b}/{band}": token_shares[(b, band)] for b, band in cells}
 
-    def served_by(key_of: Any) -> float | None:
-        total = 0.0
-        for bucket, band in cells:
-            r = rate.get((key_of(bucket, band), bucket, band))
-            if not r:
-                return None
-            total += token_shares[(bucket, band)] / r
-        return sum(token_shares[c] for c in cells) / total
+    def rates(key_of: Any) -> dict[str, float]:
+        """Tok/s of each cell of the mix served by ``key_of(bucket, band)``, where measured."""
+        out = {}
+        for b, band in cells:
+            r = rate.get((key_of(b, band), b, band))
+            if r:
+                out[f"{b}/{band}"] = r
+        return out
 
-    table = served_by(lambda b, band: choices[b].key_for(band, in_flight))
-    if table is None:
+    table = rates(lambda b, band: choices[b].key_for(band, in_flight))
+    if len(table) < len(cells):
         raise ValueError(f"the table's configs were not all measured at in_flight={in_flight} on the mix's cells")
-    engines = sorted({k for k, _, _ in rate})
-    singles = [(k, t) for k in engines if (t := served_by(lambda b, band, k=k: k)) is not None]
-    return MixPrediction(table_throughput=table, singles=tuple(sorted(singles, key=lambda kv: -kv[1])))
+    singles = [(k, mixed_throughput(r, tokens)) for k in sorted({k for k, _, _ in rate})
+               if len(r := rates(lambda b, band, k=k: k)) == len(cells)]
+    return MixedPrediction(tokens=tokens, per_bucket_throughput=mixed_throughput(table, tokens),
+                           singles=tuple(sorted(singles, key=lambda kv: -kv[1])))

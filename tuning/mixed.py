@@ -71,8 +71,9 @@ def bucket_prompts(buckets: Sequence[Bucket]) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class MixedPrediction:
-    """The mix's predicted throughput with per-bucket configs (``per_bucket``) and with each single
-    config measured on every bucket of the mix, best first."""
+    """The mix's predicted throughput with the table's configs (``per_bucket_throughput``: one per bucket,
+    or per bucket x sampling band with cells, :func:`tuning.cells.predict_mix`) and with each single
+    config measured on every part of the mix, best first. ``tokens``: the mix's output tokens per part."""
 
     tokens: Mapping[str, float]
     per_bucket_throughput: float

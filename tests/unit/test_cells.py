@@ -82,10 +82,10 @@ def test_the_mix_prediction_weighs_cells_by_tokens():
     choices = choose_cells(MEASURED, primary_band="greedy", primary_in_flight=64)
     pred = predict_mix(MEASURED, choices, {("le1024", "greedy"): 0.5, ("le1024", "sampled"): 0.5}, in_flight=64)
     greedy4, sampled0 = statistics.fmean([1230, 1260, 1210]), statistics.fmean([1000, 1030, 990])
-    assert pred.table_throughput == pytest.approx(1 / (0.5 / greedy4 + 0.5 / sampled0))
+    assert pred.per_bucket_throughput == pytest.approx(1 / (0.5 / greedy4 + 0.5 / sampled0))
     best_key, best = pred.best_single
     assert best_key == KEY[0]  # MTP off: 1000 / 1007 beats MTP-4's 1233 / 663 on this mix
-    assert pred.ratio == pytest.approx(pred.table_throughput / best) and pred.ratio > 1.1
+    assert pred.ratio == pytest.approx(pred.per_bucket_throughput / best) and pred.ratio > 1.1
     only_greedy = predict_mix(MEASURED, choices, {("le1024", "greedy"): 1.0}, in_flight=64)
     assert only_greedy.ratio == pytest.approx(1.0)
 

@@ -131,10 +131,10 @@ def traffic_line(table: RoutingTable, results: Any, spec: SweepSpec, traffic: An
     except ValueError as e:
         return f"traffic mix: not predicted: {e}"
     if pred.best_single is None:
-        return (f"traffic mix: {pred.table_throughput:,.0f} tok/s with this table; no single config was measured on "
+        return (f"traffic mix: {pred.per_bucket_throughput:,.0f} tok/s with this table; no single config was measured on "
                 "every cell of the mix")
     key, single = pred.best_single
-    return (f"traffic mix: {pred.table_throughput:,.0f} tok/s with this table vs {single:,.0f} with the best single "
+    return (f"traffic mix: {pred.per_bucket_throughput:,.0f} tok/s with this table vs {single:,.0f} with the best single "
             f"config ({key}) everywhere: {pred.ratio:.2f}x (the mix's tokens per bucket and sampling band; "
             "predicted from these figures, not measured)")
 
