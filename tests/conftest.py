@@ -147,3 +147,26 @@ def sim_app_args():
         return args
 
     return build
+
+
+@pytest.fixture(scope="session")
+def listening():
+    """``listening(port)``: the local addresses (hex, as ``/proc/net/tcp{,6}`` write them: ``0100007F`` is
+    127.0.0.1) with a socket listening on ``port`` — what a test checks to say nothing is public."""
+
+    def addresses(port: int) -> list[str]:
+        out = []
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            try:
+                lines = Path(table).read_text().splitlines()[1:]
+            except OSError:
+                continue
+            for line in lines:
+                fields = line.split()
+                addr, hexport = fields[1].split(":")
+                if int(hexport, 16) == port and fields[3] == "0A":  # 0A = LISTEN
+                    out.append(addr)
+        return out
+
+    return addresses
+

@@ -133,25 +133,9 @@ def _run_first_request(curl: str, snippet: str, env: dict[str, str]) -> None:
     assert r.returncode == 0 and r.stdout.strip(), (r.stdout, r.stderr)
 
 
-def _listening(port: int) -> list[str]:
-    """Local addresses (hex, as /proc/net/tcp{,6} write them) listening on ``port``."""
-    out = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            addr, hexport = fields[1].split(":")
-            if int(hexport, 16) == port and fields[3] == "0A":  # 0A = LISTEN
-                out.append(addr)
-    return out
-
-
 @pytest.mark.timeout(300)
 def test_local_deploy_stays_up_on_loopback_serves_the_printed_first_request_and_stops_on_ctrl_c(
-        tmp_path: Path, write_sim_table):
+        tmp_path: Path, write_sim_table, listening):
     table = write_sim_table(tmp_path / "routing.json", [("all", 4096, ENGINE)], sweep_id="deploy-cli")
     (tmp_path / "keys.txt").write_text("sk-deploy-cli-test\n")
     port = find_free_port()
@@ -163,7 +147,7 @@ def test_local_deploy_stays_up_on_loopback_serves_the_printed_first_request_and_
         out = cli.read_until("serving until Ctrl-C")
         assert any(ln.startswith("serving until Ctrl-C") for ln in out), (out, cli.log.read_text()[-3000:])
         assert f"OpenAI API at http://127.0.0.1:{port}/v1" in out
-        assert _listening(port) == ["0100007F"], _listening(port)  # loopback only: nothing public by default
+        assert listening(port) == ["0100007F"], listening(port)  # loopback only: nothing public by default
         assert any("export OPENAI_API_KEY" in ln for ln in out)  # keys are on: the output says which variable
         curl, snippet = cli.first_request()
         assert "Authorization: Bearer $OPENAI_API_KEY" in curl and 'os.environ["OPENAI_API_KEY"]' in snippet
@@ -176,9 +160,9 @@ def test_local_deploy_stays_up_on_loopback_serves_the_printed_first_request_and_
         cli.read_until("stopping the app", timeout_s=5)
         assert any(ln.startswith("stopping the app and the local Ray cluster") for ln in cli.out), cli.out
         deadline = time.monotonic() + 30
-        while _listening(port) and time.monotonic() < deadline:
+        while listening(port) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert _listening(port) == [], "Serve's proxy outlived the command that started its cluster"
+        assert listening(port) == [], "Serve's proxy outlived the command that started its cluster"
     finally:
         cli.close()
 

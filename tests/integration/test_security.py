@@ -185,23 +185,7 @@ def test_keys_are_never_logged(cluster: Cluster):
     assert not wrong_in_ray, wrong_in_ray
 
 
-def _listening(port: int) -> list[str]:
-    """Local addresses (hex, as /proc/net/tcp{,6} write them) listening on ``port``."""
-    out = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            addr, hexport = fields[1].split(":")
-            if int(hexport, 16) == port and fields[3] == "0A":  # 0A = LISTEN
-                out.append(addr)
-    return out
-
-
-def test_engines_listen_on_loopback_only(cluster: Cluster):
+def test_engines_listen_on_loopback_only(cluster: Cluster, listening):
     from ray import serve
 
     info = serve.get_deployment_handle(ENGINE.key(), app_name=APP).engine_info.remote().result(timeout_s=30)
@@ -210,7 +194,7 @@ def test_engines_listen_on_loopback_only(cluster: Cluster):
     assert argv[i + 1] == "127.0.0.1", argv
     assert info["base_url"].startswith("http://127.0.0.1:")
     port = int(info["base_url"].rsplit(":", 1)[1])
-    assert _listening(port) == ["0100007F"], _listening(port)  # 127.0.0.1, and nothing else (no ::, no 0.0.0.0)
+    assert listening(port) == ["0100007F"], listening(port)  # 127.0.0.1, and nothing else (no ::, no 0.0.0.0)
     assert "--trust-remote-code" not in argv
 
 
