@@ -14,44 +14,19 @@ and a small KV share so they fit beside other work on the GPU. Both engines star
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+from gpu_helpers import complete, gpu_pids_of_group, nvidia_apps
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 NUM_DRAFT = 2
-PROMPT_COUNT = 8
 MAX_TOKENS = 128
-
-
-def _nvidia_apps() -> dict[int, float]:
-    """pid -> MiB of GPU memory for every compute process nvidia-smi lists."""
-    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, timeout=30, check=True).stdout
-    apps: dict[int, float] = {}
-    for line in out.strip().splitlines():
-        pid, mib = (x.strip() for x in line.split(","))
-        if pid.isdigit():
-            apps[int(pid)] = apps.get(int(pid), 0.0) + float(mib)
-    return apps
-
-
-def _gpu_pids_of_group(pgid: int) -> dict[int, float]:
-    mine = {}
-    for pid, mib in _nvidia_apps().items():
-        try:
-            if os.getpgid(pid) == pgid:
-                mine[pid] = mib
-        except ProcessLookupError:
-            continue
-    return mine
 
 
 def _counters(base_url: str) -> dict[str, float]:
@@ -59,50 +34,6 @@ def _counters(base_url: str) -> dict[str, float]:
 
     with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as r:
         return parse_spec_counters(r.read().decode())
-
-
-def _complete(base_url: str, prompt: str, max_tokens: int) -> str:
-    body = json.dumps({"model": _model(base_url), "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-                       "ignore_eos": True}).encode()
-    req = urllib.request.Request(f"{base_url}/v1/completions", data=body, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=300) as r:
-        return json.loads(r.read())["choices"][0]["text"]
-
-
-def _model(base_url: str) -> str:
-    with urllib.request.urlopen(f"{base_url}/v1/models", timeout=10) as r:
-        return json.loads(r.read())["data"][0]["id"]
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bool]:
-    """(checkpoint dir, is_oracle)."""
-    given = os.environ.get("MTP_TEST_CHECKPOINT")
-    if given:
-        return Path(given), False
-    from tuning.checkpoint.build import ModelShape, build_checkpoint
-
-    out = tmp_path_factory.mktemp("oracle_ckpt")
-    build_checkpoint(out, ModelShape(), oracle=True, tokenizer_bytes=2 << 20)
-    return out, True
-
-
-@pytest.fixture(scope="module")
-def prompts(checkpoint: tuple[Path, bool]) -> list[str]:
-    from tokenizers import Tokenizer
-
-    from tuning.checkpoint.build import collect_source_files, read_texts
-
-    tok = Tokenizer.from_file(str(checkpoint[0] / "tokenizer.json"))
-    texts = read_texts(collect_source_files(max_bytes=2 << 20, split="eval"))
-    out = []
-    for t in texts:
-        ids = tok.encode(t, add_special_tokens=False).ids
-        if len(ids) >= 200:
-            out.append(tok.decode(ids[:200]))
-        if len(out) == PROMPT_COUNT:
-            break
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -130,8 +61,8 @@ def engines(checkpoint: tuple[Path, bool], tmp_path_factory: pytest.TempPathFact
 
 
 def test_greedy_output_identical_with_and_without_mtp(engines, prompts) -> None:
-    off = [_complete(engines["off"].base_url, p, MAX_TOKENS) for p in prompts]
-    mtp = [_complete(engines["mtp"].base_url, p, MAX_TOKENS) for p in prompts]
+    off = [complete(engines["off"].base_url, p, MAX_TOKENS) for p in prompts]
+    mtp = [complete(engines["mtp"].base_url, p, MAX_TOKENS) for p in prompts]
     different = [i for i, (a, b) in enumerate(zip(off, mtp)) if a != b]
     assert not different, f"{len(different)}/{len(prompts)} greedy outputs differ, first: {off[different[0]]!r} vs " \
                           f"{mtp[different[0]]!r}"
@@ -166,7 +97,7 @@ def test_bench_accept_length_equals_lmdeploy_counters(engines, checkpoint, promp
 def test_no_spec_counters_without_mtp(engines, prompts) -> None:
     eng = engines["off"]
     before = _counters(eng.base_url)
-    _complete(eng.base_url, prompts[0], 16)
+    complete(eng.base_url, prompts[0], 16)
     after = _counters(eng.base_url)
     assert after.get("num_draft_tokens", 0.0) == before.get("num_draft_tokens", 0.0)
 
@@ -176,7 +107,7 @@ def test_kill_9_detected_and_gpu_memory_freed(engines) -> None:
     (LMDeploy's engine process is a child in the same process group and survives the parent)."""
     from orchestrator.errors import EngineDiedError
 
-    held = {name: _gpu_pids_of_group(proc.pid) for name, proc in engines.items()}
+    held = {name: gpu_pids_of_group(proc.pid) for name, proc in engines.items()}
     for name, pids in held.items():
         assert pids and sum(pids.values()) > 1024, f"engine {name} holds no GPU memory per nvidia-smi: {pids}"
     victim = engines["off"]
@@ -191,7 +122,7 @@ def test_kill_9_detected_and_gpu_memory_freed(engines) -> None:
     deadline = time.monotonic() + 30
     still: dict[int, float] = {}
     while time.monotonic() < deadline:
-        apps = _nvidia_apps()
+        apps = nvidia_apps()
         still = {pid: apps[pid] for pids in held.values() for pid in pids if pid in apps}
         if not still:
             break

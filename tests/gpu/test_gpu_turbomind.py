@@ -13,91 +13,23 @@ but not attention). Both engines run with ``--language-model-only`` and a small 
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+from gpu_helpers import complete, gpu_pids_of_group, nvidia_apps
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow, pytest.mark.timeout(1500)]
 
-PROMPT_COUNT = 8
 MAX_TOKENS = 128
-
-
-def _nvidia_apps() -> dict[int, float]:
-    """pid -> MiB of GPU memory for every compute process nvidia-smi lists."""
-    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, timeout=30, check=True).stdout
-    apps: dict[int, float] = {}
-    for line in out.strip().splitlines():
-        pid, mib = (x.strip() for x in line.split(","))
-        if pid.isdigit():
-            apps[int(pid)] = apps.get(int(pid), 0.0) + float(mib)
-    return apps
-
-
-def _gpu_pids_of_group(pgid: int) -> dict[int, float]:
-    mine = {}
-    for pid, mib in _nvidia_apps().items():
-        try:
-            if os.getpgid(pid) == pgid:
-                mine[pid] = mib
-        except ProcessLookupError:
-            continue
-    return mine
 
 
 def _get(base_url: str, path: str) -> str:
     with urllib.request.urlopen(f"{base_url}{path}", timeout=10) as r:
         return r.read().decode()
-
-
-def _model(base_url: str) -> str:
-    return json.loads(_get(base_url, "/v1/models"))["data"][0]["id"]
-
-
-def _complete(base_url: str, prompt: str, max_tokens: int) -> str:
-    body = json.dumps({"model": _model(base_url), "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-                       "ignore_eos": True}).encode()
-    req = urllib.request.Request(f"{base_url}/v1/completions", data=body, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=300) as r:
-        return json.loads(r.read())["choices"][0]["text"]
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bool]:
-    """(checkpoint dir, is_oracle)."""
-    given = os.environ.get("MTP_TEST_CHECKPOINT")
-    if given:
-        return Path(given), False
-    from tuning.checkpoint.build import ModelShape, build_checkpoint
-
-    out = tmp_path_factory.mktemp("oracle_ckpt")
-    build_checkpoint(out, ModelShape(), oracle=True, tokenizer_bytes=2 << 20)
-    return out, True
-
-
-@pytest.fixture(scope="module")
-def prompts(checkpoint: tuple[Path, bool]) -> list[str]:
-    from tokenizers import Tokenizer
-
-    from tuning.checkpoint.build import collect_source_files, read_texts
-
-    tok = Tokenizer.from_file(str(checkpoint[0] / "tokenizer.json"))
-    texts = read_texts(collect_source_files(max_bytes=2 << 20, split="eval"))
-    out = []
-    for t in texts:
-        ids = tok.encode(t, add_special_tokens=False).ids
-        if len(ids) >= 200:
-            out.append(tok.decode(ids[:200]))
-        if len(out) == PROMPT_COUNT:
-            break
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -161,8 +93,8 @@ def test_greedy_output_equals_pytorch_engine(engines, prompts, checkpoint) -> No
             "fp32 (seed 0), so two correct bf16 engines part wherever its chain meets one (seen on the H200: 7 of "
             "8 prompts parted, then re-joined the same chain). Set MTP_TEST_CHECKPOINT to a trained checkpoint."
         )
-    tm = [_complete(engines["turbomind"].base_url, p, MAX_TOKENS) for p in prompts]
-    pt = [_complete(engines["pytorch"].base_url, p, MAX_TOKENS) for p in prompts]
+    tm = [complete(engines["turbomind"].base_url, p, MAX_TOKENS) for p in prompts]
+    pt = [complete(engines["pytorch"].base_url, p, MAX_TOKENS) for p in prompts]
     for i, (a, b) in enumerate(zip(tm, pt)):
         first = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         where = "" if a == b else f": ...{a[max(0, first - 30):first + 30]!r} vs ...{b[max(0, first - 30):first + 30]!r}"
@@ -180,7 +112,7 @@ def test_no_spec_counters_from_turbomind(engines, prompts) -> None:
     """TurboMind has no speculative decoding: its /metrics carries no draft counters (before or after)."""
     from tuning.bench import parse_spec_counters
 
-    _complete(engines["turbomind"].base_url, prompts[0], 16)
+    complete(engines["turbomind"].base_url, prompts[0], 16)
     counters = parse_spec_counters(_get(engines["turbomind"].base_url, "/metrics"))
     assert not counters.get("num_draft_tokens"), counters
 
@@ -190,7 +122,7 @@ def test_kill_9_detected_and_gpu_memory_freed(engines) -> None:
     either engine holding GPU memory."""
     from orchestrator.errors import EngineDiedError
 
-    held = {name: _gpu_pids_of_group(proc.pid) for name, proc in engines.items()}
+    held = {name: gpu_pids_of_group(proc.pid) for name, proc in engines.items()}
     for name, pids in held.items():
         assert pids and sum(pids.values()) > 1024, f"engine {name} holds no GPU memory per nvidia-smi: {pids}"
     victim = engines["turbomind"]
@@ -205,7 +137,7 @@ def test_kill_9_detected_and_gpu_memory_freed(engines) -> None:
     deadline = time.monotonic() + 30
     still: dict[int, float] = {}
     while time.monotonic() < deadline:
-        apps = _nvidia_apps()
+        apps = nvidia_apps()
         still = {pid: apps[pid] for pids in held.values() for pid in pids if pid in apps}
         if not still:
             break

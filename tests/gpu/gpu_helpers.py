@@ -1,0 +1,47 @@
+"""What the GPU tests ask nvidia-smi and an engine's OpenAI endpoint (shared by their modules)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import urllib.request
+
+__all__ = ["complete", "gpu_pids_of_group", "model_name", "nvidia_apps"]
+
+
+def nvidia_apps() -> dict[int, float]:
+    """pid -> MiB of GPU memory for every compute process nvidia-smi lists."""
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, timeout=30, check=True).stdout
+    apps: dict[int, float] = {}
+    for line in out.strip().splitlines():
+        pid, mib = (x.strip() for x in line.split(","))
+        if pid.isdigit():
+            apps[int(pid)] = apps.get(int(pid), 0.0) + float(mib)
+    return apps
+
+
+def gpu_pids_of_group(pgid: int) -> dict[int, float]:
+    """GPU memory (MiB) by pid of the processes in process group ``pgid``."""
+    mine = {}
+    for pid, mib in nvidia_apps().items():
+        try:
+            if os.getpgid(pid) == pgid:
+                mine[pid] = mib
+        except ProcessLookupError:
+            continue
+    return mine
+
+
+def model_name(base_url: str) -> str:
+    with urllib.request.urlopen(f"{base_url}/v1/models", timeout=10) as r:
+        return json.loads(r.read())["data"][0]["id"]
+
+
+def complete(base_url: str, prompt: str, max_tokens: int) -> str:
+    """One greedy completion of exactly ``max_tokens`` tokens."""
+    body = json.dumps({"model": model_name(base_url), "prompt": prompt, "max_tokens": max_tokens,
+                       "temperature": 0.0, "ignore_eos": True}).encode()
+    req = urllib.request.Request(f"{base_url}/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        return json.loads(r.read())["choices"][0]["text"]
