@@ -40,6 +40,7 @@ __all__ = [
     "DEFAULT_SAMPLING_BANDS",
     "SamplingBand",
     "band_of",
+    "select_cell",
     "GpuBudget",
     "LoadVariant",
     "Provenance",
@@ -173,6 +174,17 @@ class LoadVariant(_Model):
         return EngineConfig.from_dict(self.config)
 
 
+def select_cell(cells: Iterable[Cell], sampling: str | None, in_flight: int) -> Cell | None:
+    """The cell that serves sampling band ``sampling`` at ``in_flight`` requests in flight per replica of
+    the primary (``None``: the primary). Among the cells whose band matches (or that hold for every band)
+    and whose load level is reached, the one at the highest load level wins; at equal levels a band's own
+    cell beats an every-band one."""
+    fitting = [c for c in cells if (c.sampling is None or c.sampling == sampling) and c.min_in_flight <= in_flight]
+    if not fitting:
+        return None
+    return max(fitting, key=lambda c: (c.min_in_flight, c.sampling is not None))
+
+
 class BucketRoute(_Model):
     """One output-length bucket: requests with ``max_tokens <= max_output_len`` (and above the
     previous bucket's bound) go to ``config``."""
@@ -213,13 +225,13 @@ class BucketRoute(_Model):
         """The cell that serves a request of sampling band ``sampling`` at ``in_flight`` requests in flight
         per replica of the primary, or ``None`` for the primary itself.
 
-        Among the cells whose band matches (or that hold for every band) and whose load level is reached,
-        the one at the highest load level wins; at equal levels a band's own cell beats an every-band one."""
-        fitting = [c for c in self.cells
-                   if (c.sampling is None or c.sampling == sampling) and c.min_in_flight <= in_flight]
-        if not fitting:
-            return None
-        return max(fitting, key=lambda c: (c.min_in_flight, c.sampling is not None))
+        :func:`select_cell` over the bucket's cells."""
+        return select_cell(self.cells, sampling, in_flight)
+
+    def engine_configs(self) -> list[EngineConfig]:
+        """The bucket's config, its load variants' and its cells'."""
+        return [self.engine_config(), *(v.engine_config() for v in self.load_variants),
+                *(c.engine_config() for c in self.cells)]
 
     @model_serializer(mode="wrap")
     def _omit_empty_cells(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -344,8 +356,7 @@ class RoutingTable(_Model):
         """Every engine config the table uses (bucket configs, load variants and cells), by key."""
         out: dict[str, EngineConfig] = {}
         for b in self.buckets:
-            for cfg in [b.engine_config(), *(v.engine_config() for v in b.load_variants),
-                        *(c.engine_config() for c in b.cells)]:
+            for cfg in b.engine_configs():
                 out.setdefault(cfg.key(), cfg)
         return out
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.config import EngineConfig
-from orchestrator.table import BucketFigures, Cell
+from orchestrator.table import BucketFigures, Cell, select_cell
 from tuning.mixed import MixedPrediction, mixed_throughput
 from tuning.stats import mean_confidence_interval
 
@@ -61,10 +61,8 @@ class BucketChoice:
 
     def key_for(self, band: str, in_flight: int) -> str:
         """The engine key that serves ``band`` at ``in_flight`` under this choice."""
-        fitting = [c for c in self.cells if c.sampling in (None, band) and c.min_in_flight <= in_flight]
-        if not fitting:
-            return self.primary_key
-        return max(fitting, key=lambda c: (c.min_in_flight, c.sampling is not None)).engine_config().key()
+        cell = select_cell(self.cells, band, in_flight)
+        return self.primary_key if cell is None else cell.engine_config().key()
 
 
 def choose_cells(measurements: Iterable[CellMeasurement], *, primary_band: str, primary_in_flight: int,

@@ -530,7 +530,7 @@ def _fit_cells(routes: list[BucketRoute], budget: GpuBudget) -> tuple[list[Bucke
     notes: list[str] = []
 
     def configs() -> list[EngineConfig]:
-        return list(RoutingTable.model_construct(buckets=tuple(routes)).distinct_configs().values())
+        return list({c.key(): c for r in routes for c in r.engine_configs()}.values())
 
     while not budget.fits(configs()):
         candidates = [(c.gain() if c.gain() is not None else 0.0, i, j) for i, r in enumerate(routes)
