@@ -40,53 +40,71 @@ if str(ROOT) not in sys.path:
 __all__ = ["engine_configs", "render_markdown", "summarize"]
 
 ENGINES = ("turbomind", "pytorch-mtp-off", "pytorch-mtp3")
+"""The default comparison; ``--engines`` takes any ``pytorch-mtpN`` (N draft tokens)."""
 
 
 def log(msg: str) -> None:
     print(f"[tm {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def engine_configs(ckpt: str, *, sim: bool, memory_fraction: float, max_batch_size: int,
-                   draft_tokens: int = 3) -> dict[str, Any]:
-    """name -> EngineConfig of the three engines compared (``sim``: the simulator's stand-ins)."""
+def engine_configs(ckpt: str, names: list[str], *, sim: bool, memory_fraction: float,
+                   max_batch_size: int) -> dict[str, Any]:
+    """name -> EngineConfig for ``turbomind``, ``pytorch-mtp-off`` and ``pytorch-mtpN`` (``sim``: the
+    simulator's stand-ins); an unknown name raises ``ValueError`` naming it."""
     from benchmarks.gpu.engines import measured_engine
 
     def pt(n: int):
         return measured_engine(ckpt, sim=sim, draft_tokens=n, memory_fraction=memory_fraction,
                                max_batch_size=max_batch_size)
 
-    off = pt(0)
-    tm = off if sim else off.replace(backend="turbomind")
-    return {"turbomind": tm, "pytorch-mtp-off": off, f"pytorch-mtp{draft_tokens}": pt(draft_tokens)}
+    out: dict[str, Any] = {}
+    for name in names:
+        if name == "turbomind":
+            out[name] = pt(0) if sim else pt(0).replace(backend="turbomind")
+        elif name == "pytorch-mtp-off":
+            out[name] = pt(0)
+        elif name.startswith("pytorch-mtp") and name[len("pytorch-mtp"):].isdigit() and int(name[11:]) >= 1:
+            out[name] = pt(int(name[len("pytorch-mtp"):]))
+        else:
+            raise ValueError(f"engine {name!r} unknown; known: turbomind, pytorch-mtp-off, pytorch-mtpN (N >= 1)")
+    return out
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per (engine, concurrency, temperature): throughputs per round, mean, spread; and each engine's
     mean over the PyTorch engine without MTP in the same cell, with the range the per-round extremes
     allow."""
-    groups: dict[tuple[str, int, float], list[dict[str, Any]]] = {}
+    from tuning.stats import mean_confidence_interval
+
+    groups: dict[tuple[str, int, int, float], list[dict[str, Any]]] = {}
     for r in rows:
         if r.get("output_throughput") and not r.get("failed"):
-            groups.setdefault((r["engine"], r.get("concurrency", 64), r["temperature"]), []).append(r)
+            groups.setdefault((r["engine"], r.get("output_len", 512), r.get("concurrency", 64), r["temperature"]),
+                              []).append(r)
     out: dict[str, Any] = {}
-    for (engine, conc, temp), rs in sorted(groups.items()):
+    for (engine, olen, conc, temp), rs in sorted(groups.items()):
         vals = [r["output_throughput"] for r in rs]
-        mean = statistics.fmean(vals)
+        mean, low, high = mean_confidence_interval(vals)
         accept = [r["accept_length"] for r in rs if r.get("accept_length")]
-        out[f"{engine}@c{conc}@T{temp:g}"] = {
-            "engine": engine, "concurrency": conc, "temperature": temp, "rounds": len(vals),
+        out[_key(engine, olen, conc, temp)] = {
+            "engine": engine, "output_len": olen, "concurrency": conc, "temperature": temp, "rounds": len(vals),
             "output_throughput": [round(v, 1) for v in vals], "mean": round(mean, 1),
+            "ci95": [round(low, 1), round(high, 1)],
             "min": round(min(vals), 1), "max": round(max(vals), 1),
             "spread": round((max(vals) - min(vals)) / mean, 4),
             "accept_length": [round(a, 3) for a in accept] or None,
         }
     for s in out.values():
-        base = out.get(f"pytorch-mtp-off@c{s['concurrency']}@T{s['temperature']:g}")
+        base = out.get(_key("pytorch-mtp-off", s["output_len"], s["concurrency"], s["temperature"]))
         if base and s["engine"] != "pytorch-mtp-off":
             s["vs_pytorch_mtp_off"] = {"ratio_of_means": round(s["mean"] / base["mean"], 3),
                                        "low": round(s["min"] / base["max"], 3),
                                        "high": round(s["max"] / base["min"], 3)}
     return out
+
+
+def _key(engine: str, output_len: int, concurrency: int, temperature: float) -> str:
+    return f"{engine}@o{output_len}@c{concurrency}@T{temperature:g}"
 
 
 def render_markdown(res: dict[str, Any]) -> str:
@@ -104,15 +122,18 @@ def render_markdown(res: dict[str, Any]) -> str:
              f"{w['input_len']} / output {w['output_len']} tokens (fixed, ignore_eos), one measured wave per cell per "
              f"round, after {res.get('warmup', 'one unmeasured full-length wave per temperature')} per engine start; "
              f"{res['rounds']} rounds, order per round: {' | '.join(', '.join(o) for o in res['order'])}.",
-             "", "| engine | concurrency | T | output tok/s per round | mean | spread | vs PyTorch MTP off (mean; range) "
-             "| accept length |",
-             "|---|---|---|---|---|---|---|---|"]
+             "", "| engine | output | concurrency | T | output tok/s per round | mean (95 % CI) | spread "
+             "| vs PyTorch MTP off (mean; range) | accept length |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for s in res["summary"].values():
         v = s.get("vs_pytorch_mtp_off")
         vs = f"{v['ratio_of_means']:.2f}x ({v['low']:.2f}–{v['high']:.2f})" if v else "—"
         acc = ", ".join(f"{a:.2f}" for a in s["accept_length"]) if s.get("accept_length") else "—"
-        lines.append(f"| {s['engine']} | {s.get('concurrency', concs[0])} | {s['temperature']:g} | "
-                     f"{', '.join(f'{x:,.0f}' for x in s['output_throughput'])} | {s['mean']:,.0f} | {s['spread']:.1%} "
+        ci = s.get("ci95")
+        ci_text = f" ({ci[0]:,.0f}–{ci[1]:,.0f})" if ci and s["rounds"] > 1 else ""
+        lines.append(f"| {s['engine']} | {s.get('output_len', w['output_len'])} | {s.get('concurrency', concs[0])} | "
+                     f"{s['temperature']:g} | {', '.join(f'{x:,.0f}' for x in s['output_throughput'])} | "
+                     f"{s['mean']:,.0f}{ci_text} | {s['spread']:.1%} "
                      f"| {vs} | {acc} |")
     lines += ["", "Engine starts (s to ready): " + ", ".join(f"{e['engine']} {e['ready_s']}" for e in res["starts"]),
               ""]
@@ -132,10 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engines", default=",".join(ENGINES), help=f"a subset of {','.join(ENGINES)} "
                    "(MTP's draft count from --draft-tokens)")
     p.add_argument("--input-len", type=int, default=512)
-    p.add_argument("--output-len", type=int, default=512)
+    p.add_argument("--output-len", default="512", help="comma-separated output lengths (one cell each)")
     p.add_argument("--temperatures", default="0,0.8")
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--draft-tokens", type=int, default=3)
     p.add_argument("--memory-fraction", type=float, default=0.1)
     p.add_argument("--deadline-s", type=float, default=480, help="no engine starts after this (from the start)")
     a = p.parse_args(argv)
@@ -153,23 +173,22 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     a.out.mkdir(parents=True, exist_ok=True)
     concs = [int(c) for c in a.concurrency.split(",")]
-    configs = engine_configs(a.ckpt, sim=a.sim, memory_fraction=a.memory_fraction, max_batch_size=max(concs),
-                             draft_tokens=a.draft_tokens)
-    wanted = [e.replace("mtp3", f"mtp{a.draft_tokens}") for e in a.engines.split(",")]
-    unknown = sorted(set(wanted) - set(configs))
-    if unknown:
-        p.error(f"--engines {unknown} unknown; known: {sorted(configs)}")
-    configs = {n: configs[n] for n in wanted}
+    olens = [int(o) for o in a.output_len.split(",")]
+    try:
+        configs = engine_configs(a.ckpt, a.engines.split(","), sim=a.sim, memory_fraction=a.memory_fraction,
+                                 max_batch_size=max(concs))
+    except ValueError as e:
+        p.error(f"--engines: {e}")
     names = list(configs)
     order = [names if r % 2 == 0 else names[::-1] for r in range(a.rounds)]
     temps = [float(t) for t in a.temperatures.split(",")]
     tokenizer = load_tokenizer(None if a.sim else a.ckpt)
     res: dict[str, Any] = {
         "command": " ".join(["python", "benchmarks/gpu/measure_turbomind.py", *(argv if argv is not None else sys.argv[1:])]),
-        "simulated": a.sim, "ckpt": a.ckpt, "draft_tokens": a.draft_tokens, "rounds": a.rounds, "order": order,
+        "simulated": a.sim, "ckpt": a.ckpt, "rounds": a.rounds, "order": order,
         "workload": {"concurrency": concs, "num_prompts": a.num_prompts, "input_len": a.input_len,
-                     "output_len": a.output_len, "temperatures": temps},
-        "warmup": "one unmeasured full-length wave per temperature",
+                     "output_len": olens, "temperatures": temps},
+        "warmup": f"one unmeasured wave of {max(olens)}-token outputs at concurrency {min(max(concs), 64)} per temperature",
         "engines": {n: c.to_dict() for n, c in configs.items()}, "host": measured_on(),
         "versions": _versions(), "starts": [], "rows": [], "summary": {}, "notes": [],
     }
@@ -183,10 +202,10 @@ def main(argv: list[str] | None = None) -> int:
         res["elapsed_s"] = round(time.monotonic() - t0, 1)
         out_json.write_text(json.dumps(res, indent=1))
 
-    def workload(temp: float, conc: int, warmup: bool = False) -> Workload:
-        return Workload(dataset="random", input_len=a.input_len, output_len=a.output_len, range_ratio=1.0,
+    def workload(temp: float, conc: int, olen: int, warmup: bool = False) -> Workload:
+        return Workload(dataset="random", input_len=a.input_len, output_len=olen, range_ratio=1.0,
                         num_prompts=a.num_prompts or conc, max_concurrency=conc, temperature=temp, seed=0,
-                        ignore_eos=True, name="warmup" if warmup else f"c{conc}-T{temp:g}")
+                        ignore_eos=True, name="warmup" if warmup else f"o{olen}-c{conc}-T{temp:g}")
 
     running: tuple[str, Any] | None = None
     try:
@@ -208,14 +227,14 @@ def main(argv: list[str] | None = None) -> int:
                     eng.wait_until_ready()
                     res["starts"].append({"engine": name, "round": rnd, "ready_s": round(time.monotonic() - ts, 1)})
                     log(f"{name} ready in {res['starts'][-1]['ready_s']} s: {' '.join(eng.argv)}")
-                    for temp in temps:  # every sampling path once: its kernels compile on first use
-                        benchmark(eng.base_url, workload(temp, max(concs), warmup=True), tokenizer=tokenizer,
-                                  request_timeout_s=600)
+                    for temp in temps:  # every sampling path once at full length: kernels compile on first use
+                        benchmark(eng.base_url, workload(temp, min(max(concs), 64), max(olens), warmup=True),
+                                  tokenizer=tokenizer, request_timeout_s=600)
                 eng = running[1]
-                for conc, temp in [(c, t) for c in concs for t in temps]:
-                    r = benchmark(eng.base_url, workload(temp, conc), tokenizer=tokenizer,
+                for olen, conc, temp in [(o, c, t) for o in olens for c in concs for t in temps]:
+                    r = benchmark(eng.base_url, workload(temp, conc, olen), tokenizer=tokenizer,
                                   engine_config=configs[name], request_timeout_s=600).to_dict()
-                    row = {"round": rnd, "engine": name, "concurrency": conc, "temperature": temp,
+                    row = {"round": rnd, "engine": name, "output_len": olen, "concurrency": conc, "temperature": temp,
                            "output_throughput": r.get("output_throughput"), "duration_s": r.get("duration_s"),
                            "completed": r.get("completed"), "failed": r.get("failed"),
                            "accept_length": r.get("accept_length"),
@@ -223,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                            "tpot_ms_median": (r.get("tpot_ms") or {}).get("median"),
                            "at_s": round(time.monotonic() - t0, 1)}
                     res["rows"].append(row)
-                    log(f"round {rnd} {name} c={conc} T={temp:g}: {row['output_throughput']:,.0f} tok/s "
+                    log(f"round {rnd} {name} o={olen} c={conc} T={temp:g}: {row['output_throughput']:,.0f} tok/s "
                         f"in {row['duration_s']:.1f} s, accept {row['accept_length']}")
                     save()
     finally:

@@ -10,6 +10,12 @@
 #       compile meanwhile training runs), waits for the trained weights, runs the tests again on them
 #   then:                OUT=$OUT bash benchmarks/gpu/turbomind_device.sh measure [DEADLINE_S]
 #       benchmarks/gpu/measure_turbomind.py on /root/ckpt (TurboMind vs PyTorch MTP off vs MTP-3)
+# The grid (issue #18 items 4-5, #19 item 3), detached so that polling calls stay short:
+#   carry [".stage/t2"]: OUT=$OUT bash benchmarks/gpu/turbomind_device.sh grid [DEADLINE_S]
+#       installs part 2, waits for the trained weights, then in the background: the sampling-correctness
+#       GPU test, then measure_turbomind.py over TurboMind and PyTorch MTP off / 2 / 4 at output 512 and
+#       128, concurrency 8, 64, 256, temperature 0 and 0.8, two rounds (no engine starts after DEADLINE_S)
+#   then, until it says done:  OUT=$OUT bash benchmarks/gpu/turbomind_device.sh collect
 # The plain engines alone, without training (their work does not depend on the weights):
 #   carry [".stage/t1"]: NO_TRAIN=1 OUT=$OUT bash benchmarks/gpu/turbomind_device.sh t1
 #   carry [".stage/t2"]: OUT=$OUT bash benchmarks/gpu/turbomind_device.sh t2-plain [DEADLINE_S]
@@ -73,6 +79,30 @@ case $STEP in
     python3 benchmarks/gpu/measure_turbomind.py --ckpt /root/ckpt --out "$OUT/measure" --deadline-s "${2:-420}" \
       2>&1 | tee "$OUT/measure.log" | grep -vE "^\s*$"
     tar czf "$OUT/engine-logs.tgz" -C "$OUT/measure" engine-logs && rm -rf "$OUT/measure/engine-logs"
+    ;;
+  grid)
+    bash .stage/t2/install_part.sh
+    python3 -c "import lmdeploy, flash_attn_interface, fla; print('lmdeploy', lmdeploy.__version__)" || exit 1
+    for _ in $(seq 1 60); do grep -q "saved /root/ckpt/model.safetensors" /root/tm/train.log && break; sleep 5; done
+    grep -E "saved|expected accept|exit|Error" /root/tm/train.log | tail -4
+    mkdir -p /root/tm/grid && cp /root/tm/train.log /root/ckpt/train_report.json /root/ckpt/mtp_expected.json /root/tm/grid/
+    python3 benchmarks/gpu/measure_mtp.py --versions > /root/tm/grid/versions.json 2>&1
+    setsid nohup bash -c "source benchmarks/gpu/device_env.sh; source /root/tm/env.sh;
+      MTP_TEST_CHECKPOINT=/root/ckpt timeout 700 python3 -m pytest tests/gpu/test_gpu_sampling.py -v -s \
+        -p no:cacheprovider -o cache_dir=/tmp/pc > /root/tm/grid/sampling.log 2>&1;
+      python3 benchmarks/gpu/measure_turbomind.py --ckpt /root/ckpt --out /root/tm/grid/measure \
+        --engines turbomind,pytorch-mtp-off,pytorch-mtp2,pytorch-mtp4 --concurrency 8,64,256 --output-len 512,128 \
+        --temperatures 0,0.8 --rounds 2 --deadline-s ${2:-900} > /root/tm/grid/measure.log 2>&1;
+      touch /root/tm/grid/done" > /root/tm/grid/job.log 2>&1 < /dev/null &
+    sleep 5; echo "grid started"
+    ;;
+  collect)
+    tail -n 4 /root/tm/grid/sampling.log 2>/dev/null; tail -n 3 /root/tm/grid/measure.log 2>/dev/null
+    [ -f /root/tm/grid/done ] && echo "GRID DONE" || echo "grid still running"
+    cp /root/tm/grid/*.log /root/tm/grid/*.json "$OUT/" 2>/dev/null
+    [ -d /root/tm/grid/measure ] && cp /root/tm/grid/measure/turbomind_results.* "$OUT/" 2>/dev/null
+    [ -f /root/tm/grid/done ] && [ -d /root/tm/grid/measure/engine-logs ] && \
+      tar czf "$OUT/engine-logs.tgz" -C /root/tm/grid/measure engine-logs
     ;;
   *) echo "unknown step $STEP"; exit 2 ;;
 esac
