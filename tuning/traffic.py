@@ -20,7 +20,7 @@ Load profile (YAML or JSON)::
     phases:
       - {seconds: 60, concurrency: 8}      # steady
       - {seconds: 30, ramp_to: 128}        # linear ramp from the previous level
-      - {seconds: 10, concurrency: 256}    # burst
+      - {seconds: 10, concurrency: 256, name: burst}    # burst (``name``: optional, for reports)
 """
 from __future__ import annotations
 
@@ -150,11 +150,13 @@ def mix_from_request_log(lines: Iterable[str], *, default_temperature: float | N
 
 
 class LoadPhase(_Model):
-    """``seconds`` at ``concurrency`` in-flight requests, or ramping linearly to ``ramp_to``."""
+    """``seconds`` at ``concurrency`` in-flight requests, or ramping linearly to ``ramp_to``; ``name``
+    labels the phase in reports (default: its kind and level)."""
 
     seconds: float = Field(gt=0)
     concurrency: int | None = Field(default=None, ge=1)
     ramp_to: int | None = Field(default=None, ge=1)
+    name: str | None = Field(default=None, min_length=1, max_length=40)
 
     @model_validator(mode="after")
     def _one_kind(self) -> LoadPhase:
@@ -177,6 +179,24 @@ class LoadProfile(_Model):
     @property
     def seconds(self) -> float:
         return sum(p.seconds for p in self.phases)
+
+    def windows(self) -> list[tuple[float, float]]:
+        """``(start, end)`` seconds of each phase."""
+        out, start = [], 0.0
+        for p in self.phases:
+            out.append((start, start + p.seconds))
+            start += p.seconds
+        return out
+
+    def label(self, i: int) -> str:
+        """Phase ``i``'s name, else its kind and level (``steady 64``, ``ramp 64->128``)."""
+        p = self.phases[i]
+        if p.name:
+            return p.name
+        if p.ramp_to is None:
+            return f"steady {p.concurrency}"
+        before = self.phases[i - 1]
+        return f"ramp {before.concurrency if before.ramp_to is None else before.ramp_to}->{p.ramp_to}"
 
     def phase_at(self, t: float) -> int:
         """Index of the phase running at ``t`` seconds (the last one after the end)."""
