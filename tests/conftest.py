@@ -1,7 +1,9 @@
-"""Shared test set-up: the ``gpu`` marker and a per-test log folder."""
+"""Shared test set-up: the ``gpu`` marker, pytest-xdist groups and a per-test log folder."""
 from __future__ import annotations
 
 import importlib.util
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,27 @@ def _gpu_skip_reason() -> str | None:
     return None
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """With pytest-xdist workers (``-n``): make Ray's token file before any worker starts a cluster.
+
+    A local ``ray.init()`` writes ``~/.ray/auth_token`` when there is none; two workers starting their
+    first clusters at once (a fresh CI machine) would each write their own, and a cluster whose token
+    was overwritten refuses its own workers. ``ray get-auth-token --generate`` is Ray's documented way to
+    make it, and does nothing when it exists."""
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        return  # a worker, or no workers: nothing runs concurrently
+    if (Path.home() / ".ray" / "auth_token").is_file() or shutil.which("ray") is None:
+        return
+    subprocess.run(["ray", "get-auth-token", "--generate"], capture_output=True, timeout=120, check=True)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # pytest-xdist's ``--dist loadgroup`` runs a group's tests on one worker, in order: one group per
+    # file by default, so a module's cluster (a module-scoped fixture) starts once. A module that must
+    # not run beside another names a shared group itself (``pytestmark``).
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items:
         return

@@ -22,6 +22,9 @@ from orchestrator.ports import find_free_port
 from orchestrator.raycluster import auth_env, auth_help, is_this_host
 
 pytest.importorskip("ray")
+# The local deploy's plain ``ray.init()`` connects to the cluster /tmp/ray/ray_current_cluster names, which
+# tests/integration/test_multinode.py's ``Cluster`` writes: with pytest-xdist, never beside it.
+pytestmark = pytest.mark.xdist_group("ray-default-address")
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE = EngineConfig(backend="sim", model="intern-s2-preview-8xh200", tp=8)
@@ -118,6 +121,18 @@ def _stop_group(proc: subprocess.Popen) -> None:
             continue
 
 
+def _stop_head(head: subprocess.Popen) -> None:
+    """Stop ``ray start --block`` as Ray expects: SIGTERM to that process alone, which stops the GCS,
+    raylet and workers it started in order; then whatever is left of its group. (SIGTERM to the whole
+    group at once kills the GCS first, and the head then waits ~30 s on a GCS that is gone.)"""
+    head.terminate()
+    try:
+        head.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pass
+    _stop_group(head)
+
+
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN",
                                                           "RAY_AUTH_TOKEN_PATH")}
@@ -151,9 +166,8 @@ def test_local_deploy_stays_up_on_loopback_serves_the_printed_first_request_and_
         assert any("export OPENAI_API_KEY" in ln for ln in out)  # keys are on: the output says which variable
         curl, snippet = cli.first_request()
         assert "Authorization: Bearer $OPENAI_API_KEY" in curl and 'os.environ["OPENAI_API_KEY"]' in snippet
-        time.sleep(2)  # the command is still serving, not exiting after the deploy
-        assert cli.proc.poll() is None
         _run_first_request(curl, snippet, {**env, "OPENAI_API_KEY": "sk-deploy-cli-test"})
+        assert cli.proc.poll() is None  # seconds after the deploy, still serving: not exiting after it
 
         os.killpg(cli.proc.pid, signal.SIGINT)  # Ctrl-C
         assert cli.proc.wait(timeout=120) == 0
@@ -178,9 +192,12 @@ def token_cluster(tmp_path: Path):
     env = _env(HOME=str(home))
     log = (tmp_path / "ray-start.log").open("w")
     temp_dir = tempfile.mkdtemp(prefix="mtp-ray-", dir="/tmp")  # Ray's socket paths must stay under 108 bytes
+    # No drain on SIGTERM (Ray's default waits up to 30 s for Serve to move replicas off the node; a
+    # one-node cluster has nowhere to move them): the fixture's stop is a teardown, not under test.
     head = subprocess.Popen(["ray", "start", "--head", "--block", f"--port={gcs_port}", "--num-cpus=2",
                              f"--temp-dir={temp_dir}", "--include-dashboard=false", "--disable-usage-stats"],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                            env={**env, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 90
         while "Ray runtime started" not in (tmp_path / "ray-start.log").read_text():
@@ -189,7 +206,7 @@ def token_cluster(tmp_path: Path):
         assert "Token authentication is enabled" in (tmp_path / "ray-start.log").read_text()
         yield f"127.0.0.1:{gcs_port}", env
     finally:
-        _stop_group(head)
+        _stop_head(head)
         log.close()
         shutil.rmtree(temp_dir, ignore_errors=True)
 
@@ -203,8 +220,11 @@ def test_deploy_to_a_ray_start_cluster_with_token_auth(tmp_path: Path, write_sim
             "--sim-time-scale", "20", "--engine-log-dir", str(tmp_path / "engine-logs")]
 
     # The user opted out of token mode: the cluster refuses, and the command says exactly what to set.
+    # Ray's driver retries a refused GCS connect once a second for 20 s (``RAY_gcs_server_port_wait_time_s``
+    # sets that budget); the refusal is the same at the first try, so two tries show it.
     refused = subprocess.run([sys.executable, "-m", "orchestrator.deploy", *argv], cwd=ROOT,
-                             env={**env, "RAY_AUTH_MODE": "disabled"}, capture_output=True, text=True, timeout=180)
+                             env={**env, "RAY_AUTH_MODE": "disabled", "RAY_gcs_server_port_wait_time_s": "2"},
+                             capture_output=True, text=True, timeout=180)
     assert refused.returncode == 2, refused.stderr[-3000:]
     assert "RAY_AUTH_MODE=token" in refused.stderr and "RAY_AUTH_TOKEN" in refused.stderr, refused.stderr[-3000:]
     assert "Nothing was deployed" in refused.stderr

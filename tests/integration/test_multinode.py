@@ -33,7 +33,10 @@ from tuning.sweep import SweepSpec, run_sweep
 from tuning.sweep.records import reported_trial_ids
 from tuning.sweep.space import ROLE_MTP_OFF, ROLE_STATIC, NamedPoint, SearchSpace
 
-pytestmark = pytest.mark.timeout(600)
+# ``ray.cluster_utils.Cluster`` writes its address to /tmp/ray/ray_current_cluster, where a plain
+# ``ray.init()`` (the deploy CLI without --address) would find it: with pytest-xdist, never beside
+# tests/integration/test_deploy_cli.py.
+pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("ray-default-address")]
 
 NODE_ENV = "MTP_TEST_NODE"
 """Environment variable naming the raylet an engine process descends from (see the module docstring)."""
