@@ -9,7 +9,8 @@ LMDeploy 0.18 facts this module encodes:
 
 - MTP (``--speculative-algorithm qwen3_5_mtp``) exists only in the PyTorch engine; TurboMind ignores
   speculation with a warning, so ``backend="turbomind"`` with speculation is rejected here rather
-  than silently measured as a non-speculative engine.
+  than silently measured as a non-speculative engine. A simulated engine standing in for TurboMind
+  (``backend="sim", simulated_backend="turbomind"``) is refused the same way.
 - LMDeploy has one draft knob, ``--speculative-num-draft-tokens`` (the draft model runs that many
   steps), so "num steps" and "draft tokens" of other engines' guides collapse into it.
 - ``--cache-max-entry-count`` is the fraction of *free* GPU memory (after weights) given to the KV
@@ -36,6 +37,8 @@ __all__ = [
     "FLAG_TABLE",
     "MAX_DRAFT_TOKENS",
     "SHARED_GPU_HEADROOM",
+    "SIMULATED_BACKENDS",
+    "TURBOMIND_HAS_NO_SPECULATION",
     "gpus_needed",
 ]
 
@@ -122,6 +125,16 @@ API_DEFAULT_TEMPERATURE: dict[Backend, float] = {Backend.PYTORCH: 0.7, Backend.T
 ``temperature`` is sampled, not greedy, so the router must know which band it falls in."""
 
 
+TURBOMIND_HAS_NO_SPECULATION = (
+    "LMDeploy 0.18's TurboMind engine ignores speculative decoding (it only logs a warning), so this config "
+    "would silently run without MTP. Use backend='pytorch' for MTP, or speculative_algorithm=None for TurboMind."
+)
+"""Why speculation with TurboMind is refused: by :class:`EngineConfig` and by the simulated engine alike."""
+
+SIMULATED_BACKENDS = (Backend.PYTORCH, Backend.TURBOMIND)
+"""The LMDeploy engines the simulator can stand in for (``EngineConfig.simulated_backend``)."""
+
+
 class SpeculativeAlgorithm(str, enum.Enum):
     QWEN3_5_MTP = "qwen3_5_mtp"
 
@@ -142,6 +155,10 @@ class EngineConfig:
         session_len: max tokens of one sequence (prompt + output); ``None`` = model's context.
         max_prefill_tokens: max tokens per prefill iteration (``--max-prefill-token-num``).
         extra_flags: further command-line flags passed through verbatim (kept in the key).
+        simulated_backend: backend ``sim`` only: the LMDeploy engine the simulator stands in for,
+            ``turbomind`` or ``None`` (the PyTorch engine; ``"pytorch"`` is normalised to ``None``, so
+            every sim config written before this field existed keeps its key). Rendered as the
+            simulator's ``--backend``, like LMDeploy's.
     """
 
     backend: Backend = Backend.PYTORCH
@@ -154,6 +171,7 @@ class EngineConfig:
     session_len: int | None = None
     max_prefill_tokens: int = 8192
     extra_flags: tuple[str, ...] = field(default_factory=tuple)
+    simulated_backend: Backend | None = None
 
     def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
@@ -190,18 +208,28 @@ class EngineConfig:
         if isinstance(self.extra_flags, str) or not all(isinstance(f, str) for f in self.extra_flags):
             raise ConfigError("extra_flags must be a sequence of strings, e.g. ['--eager-mode']")
         set_("extra_flags", tuple(self.extra_flags))
+        if self.simulated_backend is not None:
+            try:
+                simulated = Backend(self.simulated_backend)
+            except ValueError:
+                simulated = None
+            if simulated not in SIMULATED_BACKENDS:
+                raise ConfigError(f"simulated_backend={self.simulated_backend!r} is invalid; allowed: "
+                                  f"{[b.value for b in SIMULATED_BACKENDS]} or None")
+            if self.backend is not Backend.SIM:
+                raise ConfigError(f"simulated_backend={simulated.value!r} applies to backend 'sim' only, not "
+                                  f"{self.backend.value!r}")
+            set_("simulated_backend", None if simulated is Backend.PYTORCH else simulated)
 
         if self.speculative_algorithm is None:
             if self.num_draft_tokens not in (0,):
                 # Normalise rather than reject: "spec off, 3 drafts" and "spec off" are one engine.
                 set_("num_draft_tokens", 0)
         else:
-            if self.backend is Backend.TURBOMIND:
-                raise ConfigError(
-                    "speculative_algorithm is set with backend='turbomind': LMDeploy 0.18's TurboMind engine "
-                    "ignores speculative decoding (it only logs a warning), so this config would silently run "
-                    "without MTP. Use backend='pytorch' for MTP, or speculative_algorithm=None for TurboMind."
-                )
+            if self.engine_backend is Backend.TURBOMIND:
+                where = "backend='turbomind'" if self.backend is Backend.TURBOMIND else \
+                    "backend='sim', simulated_backend='turbomind'"
+                raise ConfigError(f"speculative_algorithm is set with {where}: {TURBOMIND_HAS_NO_SPECULATION}")
             if self.num_draft_tokens < 1:
                 raise ConfigError(
                     f"num_draft_tokens={self.num_draft_tokens} with speculative_algorithm="
@@ -213,11 +241,21 @@ class EngineConfig:
     def speculative(self) -> bool:
         return self.speculative_algorithm is not None
 
+    @property
+    def engine_backend(self) -> Backend:
+        """The LMDeploy engine this config runs, or stands in for when simulated."""
+        if self.backend is Backend.SIM:
+            return self.simulated_backend or Backend.PYTORCH
+        return self.backend
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (enums as strings, tuples as lists)."""
+        """JSON-ready dict (enums as strings, tuples as lists). ``simulated_backend`` only when set: it
+        came after keys were published, and a config without it must keep its key."""
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
+            if f.name == "simulated_backend" and v is None:
+                continue
             if isinstance(v, enum.Enum):
                 v = v.value
             elif isinstance(v, tuple):
@@ -252,7 +290,8 @@ class EngineConfig:
         """Short human label, e.g. ``pytorch-mtp4-mem0.8-bs256-tp1``. Not unique; use :meth:`key`."""
         spec = f"mtp{self.num_draft_tokens}" if self.speculative else "nospec"
         bs = f"bs{self.max_batch_size}" if self.max_batch_size is not None else "bsauto"
-        return f"{self.backend.value}-{spec}-mem{self.memory_fraction:g}-{bs}-tp{self.tp}"
+        backend = self.backend.value + (f"-{self.simulated_backend.value}" if self.simulated_backend else "")
+        return f"{backend}-{spec}-mem{self.memory_fraction:g}-{bs}-tp{self.tp}"
 
     # ----- resources ------------------------------------------------------------------------------
     def gpu_request(self, *, share_gpu: bool = False) -> float:
@@ -313,8 +352,12 @@ class FlagSpec:
 _ALL = frozenset(Backend)
 _LMDEPLOY = frozenset({Backend.PYTORCH, Backend.TURBOMIND})
 _SPEC = frozenset({Backend.PYTORCH, Backend.SIM})
+_SIM = frozenset({Backend.SIM})
 
 FLAG_TABLE: tuple[FlagSpec, ...] = (
+    # LMDeploy's own --backend comes first in EngineConfig.command(); the simulator gets the engine it
+    # stands in for, and only when that is not the PyTorch engine (its default), so commands stay as they were.
+    FlagSpec("simulated_backend", "--backend", _SIM, lambda v: v.value),
     FlagSpec("tp", "--tp", _ALL),
     FlagSpec("memory_fraction", "--cache-max-entry-count", _ALL, lambda v: f"{v:g}"),
     FlagSpec("max_batch_size", "--max-batch-size", _ALL),

@@ -56,7 +56,8 @@ STATUS_OK = "ok"
 STATUS_FAILED = "failed"
 
 CONFIG_COLUMNS = ("engine_key", "engine_label", "backend", "model", "tp", "speculative", "num_draft_tokens",
-                  "memory_fraction", "max_batch_size", "session_len", "max_prefill_tokens", "extra_flags")
+                  "memory_fraction", "max_batch_size", "session_len", "max_prefill_tokens", "extra_flags",
+                  "simulated_backend")
 FIGURE_COLUMNS = (
     "output_throughput", "request_throughput", "input_throughput", "total_token_throughput",
     "ttft_ms_mean", "ttft_ms_median", "ttft_ms_p99", "tpot_ms_mean", "tpot_ms_median", "tpot_ms_p99",
@@ -102,6 +103,7 @@ def config_columns(config: EngineConfig) -> dict[str, Any]:
         "num_draft_tokens": config.num_draft_tokens, "memory_fraction": config.memory_fraction,
         "max_batch_size": config.max_batch_size, "session_len": config.session_len,
         "max_prefill_tokens": config.max_prefill_tokens, "extra_flags": " ".join(config.extra_flags),
+        "simulated_backend": config.simulated_backend.value if config.simulated_backend else None,
     }
 
 
@@ -266,6 +268,7 @@ def config_of_row(row: Mapping[str, Any]) -> dict[str, Any]:
         "session_len": None if _isnull(row.get("session_len")) else int(row["session_len"]),
         "max_prefill_tokens": int(row["max_prefill_tokens"]),
         "extra_flags": flags.split() if isinstance(flags, str) else list(flags),
+        "simulated_backend": None if _isnull(row.get("simulated_backend")) else row["simulated_backend"],
     }
     return EngineConfig.from_dict(cfg).to_dict()
 

@@ -1,7 +1,8 @@
 """``python -m orchestrator.sim``: run the simulated engine (flags as LMDeploy's ``serve api_server``).
 
 Exit codes: 0 clean stop; 1 out of memory at start (real or ``--fault oom-at-start``); 2 bad flags
-or profile; 3 ``--fault crash-at-start``; 137 ``--fault crash-after:S``.
+or profile (speculation with ``--backend turbomind`` included: EngineConfig refuses it too); 3 ``--fault
+crash-at-start``; 137 ``--fault crash-after:S``.
 """
 from __future__ import annotations
 
@@ -12,7 +13,14 @@ import signal
 import sys
 import time
 
-from orchestrator.sim.model import DEFAULT_PROFILE, EngineParams, SimModelError, SimOutOfMemory, load_profile
+from orchestrator.sim.model import (
+    DEFAULT_PROFILE,
+    SIM_BACKENDS,
+    EngineParams,
+    SimModelError,
+    SimOutOfMemory,
+    load_profile,
+)
 
 FAULT_KINDS = ("none", "crash-at-start", "never-ready", "oom-at-start", "crash-after", "hang-after")
 log = logging.getLogger("orchestrator.sim")
@@ -38,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m orchestrator.sim", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", default=DEFAULT_PROFILE, help="profile name (orchestrator/sim/profiles) or JSON path")
+    p.add_argument("--backend", default="pytorch", choices=SIM_BACKENDS,
+                   help="the LMDeploy engine simulated (the profile's constants for it; turbomind: no speculation)")
     p.add_argument("--server-name", default="127.0.0.1")
     p.add_argument("--server-port", type=int, default=23333)
     p.add_argument("--model-name", default=None, help="served model name (default: the profile name)")
@@ -64,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         log.error("--time-scale must be > 0, got %s", args.time_scale)
         return 2
     fault = args.fault
-    log.info("simulated engine starting (NOT a GPU): profile=%s fault=%s time_scale=%g", args.profile, fault,
-             args.time_scale)
+    log.info("simulated engine starting (NOT a GPU): profile=%s backend=%s fault=%s time_scale=%g", args.profile,
+             args.backend, fault, args.time_scale)
     if fault == "crash-at-start":
         log.error("simulated fault crash-at-start: exiting with code 3 before serving")
         return 3
@@ -81,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         profile = load_profile(args.profile)
         params = EngineParams(tp=args.tp or profile.num_gpus, num_draft_tokens=n_draft,
                               memory_fraction=args.cache_max_entry_count, max_batch_size=args.max_batch_size,
-                              session_len=args.session_len, max_prefill_tokens=args.max_prefill_token_num)
+                              session_len=args.session_len, max_prefill_tokens=args.max_prefill_token_num,
+                              backend=args.backend)
         from orchestrator.sim.server import SimEngine  # aiohttp import only when serving
 
         asyncio.set_event_loop(loop := asyncio.new_event_loop())

@@ -10,8 +10,17 @@ Step-time model (one engine iteration, seconds)::
         (weight bytes read + KV bytes read) / (tp * HBM bandwidth * eff_bw)       # memory-bound part
       + tokens * 2 * active_params / (tp * FLOP/s * eff_flops)                    # per-token compute
       + attention FLOPs over the context / same                                   # grows with context
-      + fixed overhead
+      + fixed overhead + n * per-sequence overhead                                 # host side: launches, sampling
       + N * (one MTP-layer draft step: its weights + its KV, one token per sequence) + overheads
+
+    prefill(t tokens) = weights / bandwidth + FLOPs / prefill FLOP/s + fixed overhead + t * per-token overhead
+
+Engines (``EngineParams.backend``): the profile's constants describe LMDeploy's PyTorch engine. A
+profile may carry a ``turbomind`` section: the constants that differ for LMDeploy's TurboMind engine
+(no speculation at all), with what they were fitted on. TurboMind is a C++ loop around the same kind
+of kernels, so what differs physically is host-side work per step (launches, scheduling, sampling):
+the overhead terms. Where the step is GPU-bound those terms are a small share and the engines come
+close; where it is launch-bound (a tiny model) they are the step.
 
 MoE is explicit: dense (attention, shared expert, embeddings) weights are read every step; routed
 expert weights are read only for experts that some token in the step touches. With ``t`` tokens
@@ -37,9 +46,12 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from orchestrator.config import TURBOMIND_HAS_NO_SPECULATION
 from orchestrator.errors import OrchestratorError
 
 __all__ = [
+    "BACKEND_CONSTANTS",
+    "SIM_BACKENDS",
     "PROFILES_DIR",
     "DEFAULT_PROFILE",
     "Profile",
@@ -56,6 +68,16 @@ PROFILES_DIR = Path(__file__).with_name("profiles")
 DEFAULT_PROFILE = "intern-s2-preview-8xh200"
 _PROFILE_SECTIONS = ("architecture", "mtp", "hardware", "fitted", "acceptance")
 _POS_BIN = 16  # acceptance tables are tabulated every 16 output positions (smooth in position)
+
+SIM_BACKENDS = ("pytorch", "turbomind")
+"""The LMDeploy engines a profile can describe: its own constants are the PyTorch engine's."""
+
+BACKEND_CONSTANTS = ("eff_bandwidth", "eff_decode_flops", "eff_prefill_flops", "decode_overhead_ms",
+                     "decode_overhead_per_seq_ms", "prefill_overhead_ms", "prefill_overhead_per_token_us")
+"""Constants a profile's ``turbomind`` section may set; everything else (architecture, memory,
+acceptance) is the model's and the GPU's, the same under either engine."""
+
+_BACKEND_NOTES = ("fitted_on", "notes")  # a backend section's documentation keys
 
 
 class SimModelError(OrchestratorError, ValueError):
@@ -121,6 +143,11 @@ class Profile:
     safe_max_memory_fraction_mtp: float
     default_max_batch_size: int
     block_size: int = 64
+    # host-side overheads that grow with the batch (0 where the fit folded them into the efficiencies)
+    decode_overhead_per_seq_ms: float = 0.0
+    prefill_overhead_per_token_us: float = 0.0
+    backend: str = "pytorch"
+    """The engine these constants describe (set by :meth:`for_backend`, never by the profile file)."""
     extra: dict = field(default_factory=dict)
 
     @property
@@ -146,7 +173,7 @@ class Profile:
         known = {f.name for f in fields(cls)}
         extra = {k: v for k, v in flat.items() if k not in known}
         # keys that only document (e.g. "fields", "published") are kept aside, never silently used
-        kwargs = {k: v for k, v in flat.items() if k in known}
+        kwargs = {k: v for k, v in flat.items() if k in known and k != "backend"}
         missing = sorted(f.name for f in fields(cls)
                          if f.name not in kwargs and f.default is MISSING and f.default_factory is MISSING)
         if missing:
@@ -156,6 +183,42 @@ class Profile:
 
     def replace(self, **changes: Any) -> Profile:
         return dataclasses.replace(self, **changes)
+
+    def for_backend(self, backend: str) -> Profile:
+        """This profile under LMDeploy engine ``backend`` (``pytorch``: itself; ``turbomind``: with its
+        ``turbomind`` section's constants). Cached, so equal requests share acceptance tables."""
+        return _for_backend(self, backend)
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """The engines this profile has constants for."""
+        return tuple(b for b in SIM_BACKENDS if b == "pytorch" or isinstance(self.extra.get(b), dict))
+
+
+@functools.lru_cache(maxsize=32)
+def _for_backend(profile: Profile, backend: str) -> Profile:
+    if backend not in SIM_BACKENDS:
+        raise SimModelError(f"backend {backend!r} is invalid; allowed: {list(SIM_BACKENDS)}")
+    if backend == profile.backend:
+        return profile
+    if profile.backend != "pytorch":
+        raise SimModelError(f"profile {profile.name!r} already describes {profile.backend!r}; derive other engines "
+                            "from the profile as loaded")
+    section = profile.extra.get(backend)
+    if not isinstance(section, dict):
+        raise SimModelError(
+            f"profile {profile.name!r} has no {backend!r} section, so it cannot simulate that engine; "
+            f"its engines: {list(profile.backends)}"
+        )
+    unknown = sorted(set(section) - set(BACKEND_CONSTANTS) - set(_BACKEND_NOTES))
+    if unknown:
+        raise SimModelError(f"profile {profile.name!r}: {backend!r} section sets {unknown}; allowed: "
+                            f"{list(BACKEND_CONSTANTS)} (and {list(_BACKEND_NOTES)} as documentation)")
+    if "fitted_on" not in section:
+        raise SimModelError(f"profile {profile.name!r}: the {backend!r} section must say what it was fitted on "
+                            "('fitted_on')")
+    changed = {k: float(v) for k, v in section.items() if k in BACKEND_CONSTANTS}
+    return profile.replace(backend=backend, **changed)
 
 
 def list_profiles() -> list[str]:
@@ -190,8 +253,14 @@ class EngineParams:
     max_batch_size: int | None = None
     session_len: int | None = None
     max_prefill_tokens: int = 8192
+    backend: str = "pytorch"
+    """The LMDeploy engine simulated: ``pytorch`` or ``turbomind`` (no speculation)."""
 
     def __post_init__(self) -> None:
+        if self.backend not in SIM_BACKENDS:
+            raise SimModelError(f"backend={self.backend!r}; allowed: {list(SIM_BACKENDS)}")
+        if self.backend == "turbomind" and self.num_draft_tokens:
+            raise SimModelError(f"speculative decoding with backend turbomind: {TURBOMIND_HAS_NO_SPECULATION}")
         if not (isinstance(self.tp, int) and self.tp >= 1):
             raise SimModelError(f"tp={self.tp!r}; allowed: integer >= 1")
         if not (isinstance(self.num_draft_tokens, int) and 0 <= self.num_draft_tokens <= 8):
@@ -294,7 +363,7 @@ class PerformanceModel:
     """Step times and memory capacity of one engine (a profile with engine parameters)."""
 
     def __init__(self, profile: Profile, params: EngineParams) -> None:
-        self.profile = profile
+        self.profile = profile = profile.for_backend(params.backend)
         self.params = params
         pr = profile
         self.n_draft = params.num_draft_tokens
@@ -361,7 +430,8 @@ class PerformanceModel:
         weight_bytes = (pr.dense_params_b + pr.expert_params_b * self._coverage(routed)) * 1e9 * self.bpp
         kv_bytes = pr.kv_bytes_per_token * total_context + pr.state_bytes_per_seq * num_seqs
         flops = tokens * 2 * pr.active_params_b * 1e9 + pr.attn_flops_per_token_ctx * (n + 1) * total_context
-        t = (weight_bytes + kv_bytes) / self.bandwidth + flops / self.decode_flops + pr.decode_overhead_ms / 1e3
+        t = (weight_bytes + kv_bytes) / self.bandwidth + flops / self.decode_flops
+        t += (pr.decode_overhead_ms + pr.decode_overhead_per_seq_ms * num_seqs) / 1e3
         if n:
             t += pr.mtp_verify_overhead_ms / 1e3 + n * self.draft_step_time(num_seqs, total_context)
         return t
@@ -382,6 +452,7 @@ class PerformanceModel:
         weight_bytes = (pr.dense_params_b + pr.expert_params_b * self._coverage(num_tokens)) * 1e9 * self.bpp
         flops = num_tokens * 2 * pr.active_params_b * 1e9 + pr.attn_flops_per_token_ctx * attention_work
         t = weight_bytes / self.bandwidth + flops / self.prefill_flops + pr.prefill_overhead_ms / 1e3
+        t += pr.prefill_overhead_per_token_us * num_tokens / 1e6
         if self.n_draft:
             mtp_bytes = (pr.mtp_dense_params_b + pr.mtp_expert_params_b * self._coverage(num_tokens)) * 1e9 * self.bpp
             t += mtp_bytes / self.bandwidth + num_tokens * 2 * pr.mtp_active_params_b * 1e9 / self.prefill_flops
@@ -395,6 +466,7 @@ class PerformanceModel:
     def describe(self) -> dict[str, Any]:
         mem = self.memory_report()
         return {
+            "backend": self.params.backend,
             "kv_capacity_tokens": self.kv_capacity_tokens,
             "max_batch_size": self.max_batch_size,
             "session_len": self.session_len,

@@ -270,6 +270,9 @@ class SimEngine:
             "profile": self.profile.name,
             "profile_calibrated": self.profile.calibrated,
             "profile_notes": self.profile.notes,
+            # the LMDeploy engine simulated, and for TurboMind what its constants were fitted on
+            "backend": self.params.backend,
+            "backend_fitted_on": (self.profile.extra.get(self.params.backend) or {}).get("fitted_on"),
             "model_name": self.model_name,
             "time_scale": self.time_scale,
             "delivery_quantum_s": self.delivery_quantum_s,  # wall seconds a stamped token may arrive late

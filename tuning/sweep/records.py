@@ -66,6 +66,7 @@ class ResultRow:
     session_len: int | None = None
     max_prefill_tokens: int | None = None
     extra_flags: str | None = None
+    simulated_backend: str | None = None
     output_throughput: float | None = None
     request_throughput: float | None = None
     input_throughput: float | None = None

@@ -12,7 +12,8 @@ Knobs (one Optuna parameter each):
 - ``memory_fraction`` — LMDeploy ``--cache-max-entry-count``.
 - ``max_batch_size``.
 - ``backend`` — only when ``speculative`` is off and more than one backend is allowed (MTP exists
-  only in LMDeploy's PyTorch engine; the simulator has a single backend, ``sim``).
+  only in LMDeploy's PyTorch engine). With the simulator it picks the engine the simulator stands in
+  for (``EngineConfig.simulated_backend``): its profile's PyTorch or TurboMind constants.
 
 Every knob is a finite tuple of values, so the space can be enumerated (:meth:`SearchSpace.grid`,
 used by the Optuna-vs-grid benchmark) and two points that render the same engine command are
@@ -22,7 +23,9 @@ int/float distributions (TPE then models their order); anything else as a catego
 Named points (the baselines, and test points that carry ``extra_flags`` such as a simulator fault)
 are enqueued into the Optuna study with ``user_attrs`` ``{"role": ..., "extra_flags": [...],
 "fixed": {...}}``; the define-by-run function returns those attributes as constants so they reach
-the trial's config. A named point's values that lie outside the space (say the static
+the trial's config. A space that offers TurboMind next to the PyTorch engine also gets one TurboMind
+point after the baselines (:meth:`SearchSpace.with_baselines`), so the engine choice is measured in
+every such sweep rather than left to the searcher's luck in a few trials. A named point's values that lie outside the space (say the static
 recommendation's memory fraction 0.8 when the user searches 0.15-0.35) make the whole point
 ``fixed`` constants rather than suggestions: the baselines are reference points, and widening the searched space to
 hold them would make the searcher propose their values too (on a shared GPU a 0.8 trial runs alone).
@@ -140,7 +143,8 @@ class SearchSpace:
         num_draft_tokens: LMDeploy draft tokens tried when MTP is on (sglang steps).
         memory_fraction: ``--cache-max-entry-count`` values.
         max_batch_size: ``--max-batch-size`` values.
-        off_backends: backends tried with MTP off (LMDeploy: ``pytorch``/``turbomind``).
+        off_backends: backends tried with MTP off, ``pytorch``/``turbomind`` (for ``"sim"``: the engine the
+            simulator stands in for). Default: both for LMDeploy, ``pytorch`` for the simulator.
         session_len, max_prefill_tokens, extra_flags: fixed for every point.
         points: named points evaluated first (baselines are added by :meth:`with_baselines`).
     """
@@ -152,7 +156,7 @@ class SearchSpace:
     num_draft_tokens: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
     memory_fraction: tuple[float, ...] = (0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9)
     max_batch_size: tuple[int, ...] = (64, 128, 256)
-    off_backends: tuple[str, ...] = ("pytorch", "turbomind")
+    off_backends: tuple[str, ...] | None = None
     session_len: int | None = None
     max_prefill_tokens: int = 8192
     extra_flags: tuple[str, ...] = ()
@@ -164,6 +168,8 @@ class SearchSpace:
             raise ConfigError(f"engine={self.engine!r} is invalid; allowed: 'sim', 'lmdeploy'")
         if not self.model:
             raise ConfigError("the search space needs a model (checkpoint path, or simulator profile for 'sim')")
+        if self.off_backends is None:
+            set_("off_backends", ("pytorch",) if self.engine == "sim" else ("pytorch", "turbomind"))
         for name in ("speculative", "num_draft_tokens", "memory_fraction", "max_batch_size", "off_backends"):
             set_(name, _tuple(name, getattr(self, name)))
         spec = tuple(_as_bool(v) for v in self.speculative)
@@ -173,14 +179,12 @@ class SearchSpace:
         set_("num_draft_tokens", tuple(sorted(set(int(v) for v in self.num_draft_tokens))))
         set_("memory_fraction", tuple(sorted(set(round(float(v), 4) for v in self.memory_fraction))))
         set_("max_batch_size", tuple(sorted(set(int(v) for v in self.max_batch_size))))
-        if self.engine == "sim":
-            set_("off_backends", ("sim",))
-        else:
-            backs = tuple(dict.fromkeys(str(b) for b in self.off_backends))
-            bad = [b for b in backs if b not in ("pytorch", "turbomind")]
-            if bad:
-                raise ConfigError(f"off_backends {bad} invalid for LMDeploy; allowed: 'pytorch', 'turbomind'")
-            set_("off_backends", backs)
+        backs = tuple(dict.fromkeys(str(b) for b in self.off_backends))
+        bad = [b for b in backs if b not in ("pytorch", "turbomind")]
+        if bad:
+            raise ConfigError(f"off_backends {bad} invalid; allowed: 'pytorch', 'turbomind' (for the simulator: "
+                              "the engine it stands in for)")
+        set_("off_backends", backs)
         set_("extra_flags", tuple(self.extra_flags))
         set_("points", tuple(p if isinstance(p, NamedPoint) else NamedPoint(**p) for p in self.points))
         # Validate every knob value once by building the extreme configs (clear ConfigError on bad input).
@@ -209,21 +213,30 @@ class SearchSpace:
     def with_baselines(self) -> SearchSpace:
         """This space plus the two baselines as named points (first in the queue):
 
-        - MTP off: first off-backend (``pytorch`` for LMDeploy), memory fraction 0.8 (LMDeploy's
-          default ``--cache-max-entry-count``) and the largest batch size.
+        - MTP off: the PyTorch engine, memory fraction 0.8 (LMDeploy's default
+          ``--cache-max-entry-count``) and the largest batch size.
         - static recommendation: ``qwen3_5_mtp``, 4 draft tokens, memory fraction 0.8.
 
         The searched space is left as it is: values of a baseline outside it become the point's
         fixed constants (:meth:`split_point`), not new choices for the searcher.
+
+        Where the space offers TurboMind next to the PyTorch engine (and MTP off), one TurboMind
+        point follows: a search point inside the space (the memory fraction nearest 0.8, the largest
+        batch size), so the engine choice is always measured and TPE learns from it.
         """
         bs = max(self.max_batch_size)
         off: dict[str, Any] = {"speculative": False, "memory_fraction": STATIC_MEMORY_FRACTION, "max_batch_size": bs}
-        if self.engine != "sim":
+        if self.engine != "sim" or self.off_backends != ("pytorch",):
             off["backend"] = "pytorch"
         static = {"speculative": True, "num_draft_tokens": STATIC_NUM_DRAFT_TOKENS,
                   "memory_fraction": STATIC_MEMORY_FRACTION, "max_batch_size": bs}
-        others = tuple(p for p in self.points if p.role not in BASELINE_ROLES)
-        return self.replace(points=(NamedPoint(ROLE_MTP_OFF, off), NamedPoint(ROLE_STATIC, static), *others))
+        named = [NamedPoint(ROLE_MTP_OFF, off), NamedPoint(ROLE_STATIC, static)]
+        if "turbomind" in self.off_backends and len(self.off_backends) > 1 and False in self.speculative:
+            mem = min(self.memory_fraction, key=lambda m: (abs(m - STATIC_MEMORY_FRACTION), m))
+            named.append(NamedPoint(ROLE_SEARCH, {"speculative": False, "backend": "turbomind",
+                                                  "memory_fraction": mem, "max_batch_size": bs}))
+        others = tuple(p for p in self.points if p.role not in BASELINE_ROLES and p not in named)
+        return self.replace(points=(*named, *others))
 
     def split_point(self, params: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """A named point's params as (suggested, fixed). A point inside the space is enqueued whole for
@@ -260,14 +273,10 @@ class SearchSpace:
         if unknown:
             raise ConfigError(f"unknown search parameter(s) {unknown}; known: {list(PARAM_NAMES)}")
         spec = _as_bool(params.get("speculative", False))
-        if self.engine == "sim":
-            backend = Backend.SIM
-        elif spec:
-            backend = Backend.PYTORCH
-        else:
-            backend = Backend(params.get("backend", self.off_backends[0]))
+        engine = Backend.PYTORCH if spec else Backend(params.get("backend", self.off_backends[0]))
         return EngineConfig(
-            backend=backend,
+            backend=Backend.SIM if self.engine == "sim" else engine,
+            simulated_backend=engine if self.engine == "sim" else None,
             model=self.model,
             tp=self.tp,
             speculative_algorithm=SpeculativeAlgorithm.QWEN3_5_MTP if spec else None,
@@ -302,8 +311,7 @@ class SearchSpace:
         return list(seen.values())
 
     def _corner_configs(self) -> list[EngineConfig]:
-        out = [self.to_engine_config({"speculative": False, "memory_fraction": m, "max_batch_size": bs,
-                                      **({"backend": b} if self.engine != "sim" else {})})
+        out = [self.to_engine_config({"speculative": False, "memory_fraction": m, "max_batch_size": bs, "backend": b})
                for m in (self.memory_fraction[0], self.memory_fraction[-1])
                for bs in (self.max_batch_size[0], self.max_batch_size[-1])
                for b in self.off_backends]
