@@ -4,7 +4,9 @@ The engine loop runs :class:`~orchestrator.sim.scheduler.Scheduler` against a *s
 simulated time is ``(monotonic() - start) * time_scale``; each iteration's end is slept to at its
 absolute deadline, so event-loop overhead is absorbed until it exceeds the iteration's wall budget
 (see the README for the measured limit). Tokens of one iteration go out as one SSE event per sequence,
-so under MTP an event carries ``1 + accepted`` tokens, as with real speculative engines.
+so under MTP an event carries ``1 + accepted`` tokens, as with real speculative engines. The text of
+a completion is drawn when the request arrives (:mod:`.textmodel`: from its prompt, temperature and
+seed only), so speculation and event boundaries change when tokens come, never which.
 """
 from __future__ import annotations
 
@@ -13,7 +15,6 @@ import gzip
 import json
 import logging
 import os
-import random
 import time
 import uuid
 from dataclasses import asdict
@@ -26,7 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from orchestrator.errors import OrchestratorError
 from orchestrator.config import API_DEFAULT_TEMPERATURE, Backend
 from orchestrator.ports import host_boot_id
-from orchestrator.sim import tokenizer
+from orchestrator.sim import textmodel, tokenizer
 from orchestrator.sim.model import EngineParams, PerformanceModel, Profile
 from orchestrator.sim.scheduler import Scheduler, SimRequest, make_request
 
@@ -243,7 +244,10 @@ class SimEngine:
 
     # ----- requests ----------------------------------------------------------------------------
     def submit(self, prompt_tokens: int, max_tokens: int, *, temperature: float, ignore_eos: bool,
-               seed: int | None, hold_on_finish: bool = False, client_queued: int | None = None) -> SimRequest:
+               seed: int | None, hold_on_finish: bool = False, client_queued: int | None = None,
+               prompt_key: str = "") -> SimRequest:
+        """Admit a request; its output length, acceptance schedule and text (``req.completion``, from
+        ``prompt_key``, ``temperature`` and the seed) are drawn now."""
         self._arrived()
         if hold_on_finish:
             self._client_queued = client_queued
@@ -254,6 +258,7 @@ class SimEngine:
                            ignore_eos=ignore_eos, seed=req_seed, arrival_time=self.arrival_time())
         req.payload = asyncio.Queue()
         req.hold_on_finish = hold_on_finish
+        req.completion = textmodel.draw_completion(prompt_key, temperature, req.num_tokens, req_seed)
         self.scheduler.add(req)
         self.first_request.set()
         self.counters["requests"] += 1
@@ -361,6 +366,14 @@ def _prompt_tokens(body: dict, chat: bool) -> int:
     raise OpenAIError("'prompt' must be a string, a one-string list or a list of token ids", param="prompt")
 
 
+def _prompt_key(body: dict, chat: bool) -> str:
+    """The prompt as the text model sees it (already validated by :func:`_prompt_tokens`)."""
+    if chat:
+        return json.dumps([[m.get("role"), m.get("content")] for m in body["messages"]], sort_keys=True)
+    prompt = body["prompt"]
+    return prompt if isinstance(prompt, str) else json.dumps(prompt)
+
+
 def _parse(body: Any, engine: SimEngine, chat: bool) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise OpenAIError("request body must be a JSON object")
@@ -392,7 +405,8 @@ def _parse(body: Any, engine: SimEngine, chat: bool) -> dict[str, Any]:
     if not 0.0 <= temperature <= 2.0:
         raise OpenAIError(f"'temperature' must be in [0, 2], got {temperature}", param="temperature")
     stream_options = _field(body, "stream_options", (dict,), {}) or {}
-    return dict(prompt_tokens=prompt_tokens, max_tokens=int(max_tokens), temperature=temperature,
+    return dict(prompt_tokens=prompt_tokens, prompt_key=_prompt_key(body, chat), max_tokens=int(max_tokens),
+                temperature=temperature,
                 ignore_eos=bool(_field(body, "ignore_eos", (bool,), False)),
                 seed=_field(body, "seed", (int,), None), stream=bool(_field(body, "stream", (bool,), False)),
                 include_usage=bool(stream_options.get("include_usage", False)),
@@ -453,10 +467,11 @@ def build_app(engine: SimEngine) -> web.Application:
         args = _parse(body, engine, chat)
         try:
             req = engine.submit(args["prompt_tokens"], args["max_tokens"], temperature=args["temperature"],
-                                ignore_eos=args["ignore_eos"], seed=args["seed"], hold_on_finish=args["sim_hold"], client_queued=args["sim_queued"])
+                                ignore_eos=args["ignore_eos"], seed=args["seed"], hold_on_finish=args["sim_hold"],
+                                client_queued=args["sim_queued"], prompt_key=args["prompt_key"])
         except ValueError as exc:
             raise OpenAIError(str(exc), param="max_tokens") from None
-        text_rng = random.Random(req.request_id)
+        completion = req.completion
         rid = ("chatcmpl-" if chat else "cmpl-") + req.request_id
         created = int(engine.sim_timestamp())
         obj = "chat.completion.chunk" if chat else "text_completion"
@@ -471,7 +486,7 @@ def build_app(engine: SimEngine) -> web.Application:
                     generated += n
                     first_token_time = stamps[0][0] if first_token_time is None else first_token_time
                     finish_time = stamps[-1][0]
-                    parts.append(tokenizer.sample_text(n, text_rng))
+                    parts.append(completion.text(generated - n, generated))
                 finish = "length" if generated >= args["max_tokens"] else "stop"
                 text = " ".join(parts)
                 choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
@@ -498,7 +513,7 @@ def build_app(engine: SimEngine) -> web.Application:
                     n2, finished, more = req.payload.get_nowait()
                     n, stamps = n + n2, stamps + more
                 generated += n
-                text = json.dumps(" " + tokenizer.sample_text(n, text_rng))
+                text = json.dumps(" " + completion.text(generated - n, generated))
                 if chat and first:
                     text += ', "role": "assistant"'
                 reason = "null"
