@@ -237,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
                     row = {"round": rnd, "engine": name, "output_len": olen, "concurrency": conc, "temperature": temp,
                            "output_throughput": r.get("output_throughput"), "duration_s": r.get("duration_s"),
                            "completed": r.get("completed"), "failed": r.get("failed"),
+                           "failure_reasons": r.get("failure_reasons") or None,
                            "accept_length": r.get("accept_length"),
                            "ttft_ms_median": (r.get("ttft_ms") or {}).get("median"),
                            "tpot_ms_median": (r.get("tpot_ms") or {}).get("median"),
