@@ -128,3 +128,9 @@ def test_the_sim_space_offers_turbomind_as_a_queued_point_and_the_results_row_ke
     plain = SearchSpace(engine="sim", model=PUBLISHED, tp=8).with_baselines()
     assert [p.role for p in plain.points] == [ROLE_MTP_OFF, ROLE_STATIC]
     assert "simulated_backend" not in plain.to_engine_config(plain.points[0].params).to_dict()
+
+
+def test_a_sim_space_offering_turbomind_needs_a_profile_with_turbomind_constants():
+    with pytest.raises(ConfigError, match="'tiny-qwen35-1xh200' has no TurboMind constants.*--backends pytorch"):
+        SearchSpace(engine="sim", model="tiny-qwen35-1xh200", tp=1, off_backends=("pytorch", "turbomind"))
+    assert SearchSpace(engine="sim", model="tiny-qwen35-1xh200", tp=1).off_backends == ("pytorch",)

@@ -185,6 +185,8 @@ class SearchSpace:
             raise ConfigError(f"off_backends {bad} invalid; allowed: 'pytorch', 'turbomind' (for the simulator: "
                               "the engine it stands in for)")
         set_("off_backends", backs)
+        if self.engine == "sim" and "turbomind" in backs:
+            _require_turbomind_constants(self.model)
         set_("extra_flags", tuple(self.extra_flags))
         set_("points", tuple(p if isinstance(p, NamedPoint) else NamedPoint(**p) for p in self.points))
         # Validate every knob value once by building the extreme configs (clear ConfigError on bad input).
@@ -352,6 +354,24 @@ class SearchSpace:
         d = {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
         d["points"] = [p.to_dict() for p in self.points]
         return d
+
+
+def _require_turbomind_constants(profile_name: str) -> None:
+    """A simulated TurboMind needs the profile's ``turbomind`` section; say so before any trial starts
+    rather than fail every TurboMind trial. A profile that does not load is left to the preflight,
+    which lists the shipped ones."""
+    from orchestrator.sim.model import SimModelError, load_profile
+
+    try:
+        profile = load_profile(profile_name)
+    except SimModelError:
+        return
+    if "turbomind" not in profile.backends:
+        raise ConfigError(
+            f"simulator profile {profile.name!r} has no TurboMind constants (its engines: {list(profile.backends)}), "
+            "so it cannot stand in for TurboMind; search the PyTorch engine only (--backends pytorch, or "
+            "off_backends: [pytorch]) or use a profile with a 'turbomind' section"
+        )
 
 
 def _as_bool(v: Any) -> bool:
