@@ -119,34 +119,45 @@ def choose_cells(measurements: Iterable[CellMeasurement], *, primary_band: str, 
 
 
 def predict_mix(measurements: Sequence[CellMeasurement], choices: Mapping[str, BucketChoice],
-                token_shares: Mapping[tuple[str, str], float], *, in_flight: int) -> MixedPrediction:
+                token_shares: Mapping[tuple[str, str], float], *,
+                in_flight: int | Mapping[int, float]) -> MixedPrediction:
     """Output tok/s of a mix whose output tokens fall on (bucket, band) in ``token_shares``
-    (:meth:`tuning.traffic.TrafficMix.cell_shares` with ``by="tokens"``), at ``in_flight`` requests per
-    replica, served by the chosen cells (``per_bucket_throughput``) and by every single config measured
-    on every cell of the mix (:func:`tuning.mixed.mixed_throughput` over cells instead of buckets)."""
-    rate = {(m.engine_key, m.bucket, m.band): m.figures().output_throughput
-            for m in measurements if m.in_flight == in_flight}
-    cells = [k for k, s in token_shares.items() if s > 0]
-    if not cells:
+    (:meth:`tuning.traffic.TrafficMix.cell_shares` with ``by="tokens"``) and on load levels (in-flight
+    requests per replica) in ``in_flight`` (one level, or level -> share of the tokens), served by the
+    chosen cells (``per_bucket_throughput``) and by every single config measured on every part of the mix
+    (:func:`tuning.mixed.mixed_throughput` over bucket x band x level instead of buckets)."""
+    loads = {int(in_flight): 1.0} if isinstance(in_flight, int) else {int(k): float(v) for k, v in in_flight.items()}
+    if not loads or any(v < 0 for v in loads.values()) or sum(loads.values()) <= 0:
+        raise ValueError(f"load shares must be >= 0 with a positive sum, got {loads}")
+    rate = {(m.engine_key, m.bucket, m.band, m.in_flight): m.figures().output_throughput for m in measurements}
+    parts = [(b, band, level) for (b, band), s in token_shares.items() if s > 0 for level, w in loads.items() if w > 0]
+    if not parts:
         raise ValueError("the mix has no output tokens")
-    missing = [c for c in cells if c[0] not in choices]
+    missing = [p for p in parts if p[0] not in choices]
     if missing:
-        raise ValueError(f"no choice for bucket(s) of the mix: {sorted({b for b, _ in missing})}")
-    tokens = {f"{b}/{band}": token_shares[(b, band)] for b, band in cells}
+        raise ValueError(f"no choice for bucket(s) of the mix: {sorted({b for b, _, _ in missing})}")
+    total_load = sum(loads.values())
+    tokens = {_part(*p): token_shares[(p[0], p[1])] * loads[p[2]] / total_load for p in parts}
 
     def rates(key_of: Any) -> dict[str, float]:
-        """Tok/s of each cell of the mix served by ``key_of(bucket, band)``, where measured."""
+        """Tok/s of each part of the mix served by ``key_of(bucket, band, level)``, where measured."""
         out = {}
-        for b, band in cells:
-            r = rate.get((key_of(b, band), b, band))
+        for b, band, level in parts:
+            r = rate.get((key_of(b, band, level), b, band, level))
             if r:
-                out[f"{b}/{band}"] = r
+                out[_part(b, band, level)] = r
         return out
 
-    table = rates(lambda b, band: choices[b].key_for(band, in_flight))
-    if len(table) < len(cells):
-        raise ValueError(f"the table's configs were not all measured at in_flight={in_flight} on the mix's cells")
-    singles = [(k, mixed_throughput(r, tokens)) for k in sorted({k for k, _, _ in rate})
-               if len(r := rates(lambda b, band, k=k: k)) == len(cells)]
+    table = rates(lambda b, band, level: choices[b].key_for(band, level))
+    if len(table) < len(parts):
+        unmeasured = sorted(set(tokens) - set(table))
+        raise ValueError(f"the table's configs were not all measured on the mix's parts: {', '.join(unmeasured)}")
+    keys = sorted({k for k, _, _, _ in rate})
+    singles = [(k, mixed_throughput(r, tokens)) for k in keys
+               if len(r := rates(lambda b, band, level, k=k: k)) == len(parts)]
     return MixedPrediction(tokens=tokens, per_bucket_throughput=mixed_throughput(table, tokens),
                            singles=tuple(sorted(singles, key=lambda kv: -kv[1])))
+
+
+def _part(bucket: str, band: str, level: int) -> str:
+    return f"{bucket}/{band}@{level}"

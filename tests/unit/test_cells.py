@@ -90,6 +90,24 @@ def test_the_mix_prediction_weighs_cells_by_tokens():
     assert only_greedy.ratio == pytest.approx(1.0)
 
 
+def test_the_mix_prediction_covers_load_levels():
+    # Half the tokens at 64 in flight, half at 256: the table serves greedy@64 with MTP-4, sampled with MTP off
+    # (its cell from 64 up), greedy@256 with MTP-2 (its cell); each single config serves all four parts.
+    choices = choose_cells(MEASURED, primary_band="greedy", primary_in_flight=64)
+    shares = {("le1024", "greedy"): 0.5, ("le1024", "sampled"): 0.5}
+    pred = predict_mix(MEASURED, choices, shares, in_flight={64: 1.0, 256: 1.0})
+    f = statistics.fmean
+    table_rates = [f([1230, 1260, 1210]), f([1000, 1030, 990]), f([2600, 2650, 2550]), f([2000, 2050, 1980])]
+    assert pred.per_bucket_throughput == pytest.approx(1 / sum(0.25 / r for r in table_rates))
+    assert set(pred.tokens) == {"le1024/greedy@64", "le1024/sampled@64", "le1024/greedy@256", "le1024/sampled@256"}
+    off = [f([1000, 1040, 980]), f([1000, 1030, 990]), f([2000, 2100, 1900]), f([2000, 2050, 1980])]
+    assert dict(pred.singles)[KEY[0]] == pytest.approx(1 / sum(0.25 / r for r in off))
+    assert pred.ratio > 1.0
+    # One level given as an int is the same as that level with all the tokens.
+    assert predict_mix(MEASURED, choices, shares, in_flight={64: 3.0}).per_bucket_throughput == pytest.approx(
+        predict_mix(MEASURED, choices, shares, in_flight=64).per_bucket_throughput)
+
+
 def test_bad_inputs_are_refused():
     with pytest.raises(ValueError, match="primary cell"):
         choose_cells([_m(0, "sampled", 64, 1, 2)], primary_band="greedy", primary_in_flight=64)
@@ -100,8 +118,10 @@ def test_bad_inputs_are_refused():
         predict_mix(MEASURED, choices, {("le1024", "greedy"): 0.0}, in_flight=64)
     with pytest.raises(ValueError, match="le9"):
         predict_mix(MEASURED, choices, {("le9", "greedy"): 1.0}, in_flight=64)
-    with pytest.raises(ValueError, match="in_flight=8"):
+    with pytest.raises(ValueError, match="le1024/greedy@8"):
         predict_mix(MEASURED, choices, {("le1024", "greedy"): 1.0}, in_flight=8)
+    with pytest.raises(ValueError, match="load shares"):
+        predict_mix(MEASURED, choices, {("le1024", "greedy"): 1.0}, in_flight={64: -1.0})
 
 
 @pytest.mark.parametrize("df, expected", [(1, 12.7062), (2, 4.3027), (3, 3.1824), (5, 2.5706), (30, 2.0423)])
