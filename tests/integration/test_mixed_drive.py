@@ -51,6 +51,8 @@ def test_drive_a_served_table_through_ramp_and_burst(tmp_path, serve_app, write_
     assert 6 <= peak <= 10
     assert all(0 <= r.started_at < PROFILE.seconds for r in records)
     assert all(r.output_tokens == r.max_tokens for r in records)  # ignore_eos: the class's length
+    assert {r.timed_by for r in records} == {"engine stamps"}  # the router passes the simulator's stamps on
+    assert all(r.started_at < r.first_token_at <= r.finished_at for r in records)
     # the router's cells: sampled short requests on the engine without speculation, the rest on MTP-3
     routes = {(r.max_tokens, r.temperature): r.route for r in records}
     assert NOSPEC.key() in routes[(48, 0.8)] and MTP3.key() in routes[(48, 0.0)] and MTP3.key() in routes[(200, 0.0)]

@@ -163,7 +163,8 @@ def test_report_labels_simulated_and_refuses_engines_that_fell_behind():
     lines = report_lines(on_time, Slo(2.0, 2.0))
     assert any("SIMULATED" in line for line in lines) and "engines kept their schedule" in lines
     behind = _result([EngineLateness("e1", steps=1000, late_steps=900, lateness_s=800.0)])
-    assert not kept_schedule(behind.lateness) and not kept_schedule(())
+    assert kept_schedule(on_time.lateness, TWO_PHASES)
+    assert not kept_schedule(behind.lateness, TWO_PHASES) and not kept_schedule((), TWO_PHASES)
     assert any("FELL BEHIND" in line for line in report_lines(behind, Slo(2.0, 2.0)))
 
 

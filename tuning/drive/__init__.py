@@ -15,11 +15,11 @@ from tuning.drive.records import DriveRecord, DriveResult, EngineLateness
 from tuning.drive.report import MLPERF_SERVER_SLO, PhaseFigures, Slo, overall_figures, phase_figures, tokens_in_window
 from tuning.drive.runner import drive, run_drive
 from tuning.drive.scheduler import Dispatcher, Launch
-from tuning.drive.summary import MAX_MEAN_LAG_S, kept_schedule, report_lines
+from tuning.drive.summary import MAX_LAG_SHARE, kept_schedule, max_lag_s, report_lines
 from tuning.drive.workload import DrawnRequest, RequestDraw
 
 __all__ = [
-    "MAX_MEAN_LAG_S",
+    "MAX_LAG_SHARE",
     "MLPERF_SERVER_SLO",
     "Dispatcher",
     "DrawnRequest",
@@ -36,6 +36,7 @@ __all__ = [
     "drive",
     "kept_schedule",
     "lateness_between",
+    "max_lag_s",
     "overall_figures",
     "phase_figures",
     "report_lines",

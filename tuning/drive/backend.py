@@ -4,9 +4,11 @@ sent streaming completions, and asked for the simulator's lateness counters. A f
 
 The server is probed with the bench's probe (:mod:`tuning.bench.client`), so a simulated engine or a
 router of simulated engines is recognised the same way (``/sim/info``, ``x-simulated-engine``) and
-its time scale is known. Token times are taken on arrival: through the router no engine clock is
-shared, so a token may be timed up to the simulator's delivery quantum late (reported as
-``delivery_quantum_s``).
+its time scale is known. A simulated engine stamps every chunk with the simulated times of its tokens
+and the first with the request's arrival (``sim.token_times``, ``sim.arrival``, on the engine's own
+clock); the router passes them through. Then the request's TTFT and duration are taken from those
+stamps (:attr:`Outcome.sim_ttft`, :attr:`Outcome.sim_e2e`), exact whatever the delivery lag of the
+simulator's batched delivery or of a busy router and proxy; otherwise from arrival times.
 """
 from __future__ import annotations
 
@@ -41,6 +43,10 @@ class Outcome:
     error_kind: str | None = None
     error: str = ""
     route: str | None = None
+    sim_ttft: float | None = None
+    """Simulated seconds from the engine's arrival of the request to its first token (its stamps)."""
+    sim_e2e: float | None = None
+    """Simulated seconds from the engine's arrival of the request to its last token (its stamps)."""
 
 
 class OpenAIBackend:
@@ -103,6 +109,8 @@ class OpenAIBackend:
         usage: int | None = None
         chunks = 0
         route = None
+        arrival: float | None = None
+        stamps: list[float] = []  # simulated time of the first and of the latest token
 
         def fail(kind: str, msg: str) -> Outcome:
             return Outcome(started, first, time.monotonic(), usage if usage is not None else chunks, False, kind,
@@ -122,8 +130,9 @@ class OpenAIBackend:
                     if data == b"[DONE]":
                         if first is None:
                             return fail("empty response", "no text was streamed")
+                        sim = (stamps[0] - arrival, stamps[-1] - arrival) if arrival is not None and stamps else None
                         return Outcome(started, first, time.monotonic(), usage if usage is not None else chunks, True,
-                                       route=route)
+                                       route=route, sim_ttft=sim[0] if sim else None, sim_e2e=sim[1] if sim else None)
                     obj = json.loads(data)
                     if not isinstance(obj, Mapping):
                         continue
@@ -137,6 +146,12 @@ class OpenAIBackend:
                         chunks += 1
                         if first is None:
                             first = time.monotonic()
+                        sim = obj.get("sim")
+                        if isinstance(sim, Mapping) and sim.get("token_times"):
+                            if sim.get("arrival") is not None:
+                                arrival = float(sim["arrival"])
+                            times = [float(t) for t, _ in sim["token_times"]]
+                            stamps[:] = [stamps[0] if stamps else times[0], times[-1]]
             return fail("incomplete stream", "the stream ended without [DONE]")
         except asyncio.TimeoutError:
             return fail("timeout", f"no complete response within {self._timeout.total} s")

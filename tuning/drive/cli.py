@@ -74,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = {"slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
                "phases": [f.__dict__ for f in phase_figures(result.records, profile, slo)],
                "overall": overall_figures(result.records, profile, slo).__dict__,
-               "kept_schedule": kept_schedule(result.lateness) if result.simulated else None,
+               "kept_schedule": kept_schedule(result.lateness, profile) if result.simulated else None,
                **result.to_dict()}
         Path(args.out).write_text(json.dumps(out, indent=1))
         print(f"records: {args.out}")

@@ -29,6 +29,8 @@ class DriveRecord:
         error_kind / error: ``None`` / ``""`` on success, else e.g. ``HTTP 503``, ``timeout``,
             ``connection``, ``cancelled`` (still running when the drain's limit came).
         route: the router's ``x-route-deployment`` / ``x-route-cell`` headers, when it sent them.
+        timed_by: ``engine stamps`` (a simulated engine's token stamps: first token and end are the send
+            time plus the engine's simulated durations from its arrival) or ``arrival`` (client clock).
     """
 
     index: int
@@ -45,6 +47,7 @@ class DriveRecord:
     error_kind: str | None = None
     error: str = ""
     route: str | None = None
+    timed_by: str = "arrival"
 
     @property
     def ttft(self) -> float | None:

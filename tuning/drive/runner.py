@@ -75,13 +75,18 @@ async def drive(backend: OpenAIBackend, mix: TrafficMix, profile: LoadProfile, *
 
     def record(launch: Launch, out: Outcome) -> DriveRecord:
         req = launch.request
+        start = clock(out.started) if out.error_kind != "cancelled" else launch.at
+        if out.sim_ttft is not None and out.sim_e2e is not None:  # the engine's stamps, from its arrival
+            first, end = start + out.sim_ttft, start + out.sim_e2e
+        else:
+            first = None if out.first_token is None else clock(out.first_token)
+            end = clock(out.finished)
         return DriveRecord(
             index=req.index, phase=launch.phase, class_index=req.class_index, max_tokens=req.max_tokens,
-            temperature=req.temperature, prompt_len=req.prompt_len,
-            started_at=round(clock(out.started) if out.error_kind != "cancelled" else launch.at, 6),
-            first_token_at=None if out.first_token is None else round(clock(out.first_token), 6),
-            finished_at=round(clock(out.finished), 6), output_tokens=out.output_tokens, ok=out.ok,
-            error_kind=out.error_kind, error=out.error, route=out.route)
+            temperature=req.temperature, prompt_len=req.prompt_len, started_at=round(start, 6),
+            first_token_at=None if first is None else round(first, 6), finished_at=round(end, 6),
+            output_tokens=out.output_tokens, ok=out.ok, error_kind=out.error_kind, error=out.error, route=out.route,
+            timed_by="engine stamps" if out.sim_ttft is not None else "arrival")
 
     tasks: set[asyncio.Task[tuple[Launch, Outcome]]] = set()
     phase = -1
