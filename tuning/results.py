@@ -46,6 +46,7 @@ __all__ = [
     "config_of_row",
     "failed_rows",
     "pick_best",
+    "repeat_throughputs",
     "results_frame",
     "rows_for_trial",
     "successful_primary_rows",
@@ -105,6 +106,15 @@ def config_columns(config: EngineConfig) -> dict[str, Any]:
         "max_prefill_tokens": config.max_prefill_tokens, "extra_flags": " ".join(config.extra_flags),
         "simulated_backend": config.simulated_backend.value if config.simulated_backend else None,
     }
+
+
+def repeat_throughputs(row: Mapping[str, Any]) -> list[float]:
+    """Every run's output throughput of a row (``output_throughput_repeats`` as :func:`figure_columns`
+    writes it), or the row's one figure when it was measured once."""
+    repeats = row.get("output_throughput_repeats")
+    if isinstance(repeats, str) and repeats:
+        return [float(x) for x in repeats.split(";")]
+    return [float(row["output_throughput"])]
 
 
 def figure_columns(bench: Mapping[str, Any]) -> dict[str, Any]:
@@ -503,9 +513,7 @@ def cell_measurements(rows: pd.DataFrame, b: Bucket) -> list[Any]:
         if band is None:
             continue
         k = (str(row["engine_key"]), band.name, int(row["concurrency"]))
-        repeats = row.get("output_throughput_repeats")
-        values = json.loads(repeats) if isinstance(repeats, str) and repeats else [row["output_throughput"]]
-        samples.setdefault(k, []).extend(float(v) for v in values if v is not None)
+        samples.setdefault(k, []).extend(repeat_throughputs(row))
         configs[k[0]] = config_of_row(row)
         if not _isnull(row.get("accept_length")):
             accept[k] = float(row["accept_length"])

@@ -1,0 +1,67 @@
+"""The sweep summary's traffic-mix line over several load levels: the table (primary + cells by
+sampling band and load) against every single config, each part of the mix (bucket x band x level)
+weighed by its tokens, from a hand-made results frame."""
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+
+import pytest
+
+from orchestrator.config import EngineConfig
+from orchestrator.table import Provenance
+from tuning.buckets import make_buckets
+from tuning.results import pick_best, results_frame, rows_for_trial
+from tuning.sweep.space import ROLE_MTP_OFF, ROLE_SEARCH, ROLE_STATIC
+from tuning.sweep.summary import traffic_line
+from tuning.traffic import TrafficMix
+
+BUCKETS = make_buckets((1024,), concurrency_levels=(64, 256), num_prompts=64, temperatures=(0.0, 0.8))
+PROV = Provenance(model="intern-s2-preview-8xh200", gpu_type="none (simulated)", gpu_count=0, sweep_id="t",
+                  created_at="2026-12-01T00:00:00+00:00", simulated=True)
+# (concurrency, temperature) -> tok/s: MTP-4 wins greedy at 64, MTP-2 greedy at 256, MTP off sampled.
+FIGURES = {
+    0: {(64, 0.0): 1000, (64, 0.8): 1000, (256, 0.0): 2000, (256, 0.8): 2000},
+    4: {(64, 0.0): 1400, (64, 0.8): 600, (256, 0.0): 1900, (256, 0.8): 1300},
+    2: {(64, 0.0): 1200, (64, 0.8): 750, (256, 0.0): 2800, (256, 0.8): 1700},
+}
+
+
+def _bench(tput: float) -> dict:
+    lat = {"mean": 10.0, "median": 10.0, "p99": 20.0}
+    return {"output_throughput": tput, "request_throughput": 1.0, "completed": 64, "failed": 0, "failure_reasons": {},
+            "ttft_ms": lat, "tpot_ms": lat, "itl_ms": lat, "e2e_ms": lat, "accept_length": 2.0, "simulated": True,
+            "repeat_output_throughputs": [tput * 0.99, tput, tput * 1.01]}
+
+
+def _frame():
+    rows = []
+    for tid, role, drafts in (("a", ROLE_MTP_OFF, 0), ("b", ROLE_STATIC, 4), ("c", ROLE_SEARCH, 2)):
+        cfg = EngineConfig(backend="sim", model="intern-s2-preview-8xh200", tp=8, memory_fraction=0.8,
+                           speculative_algorithm="qwen3_5_mtp" if drafts else None, num_draft_tokens=drafts)
+        meas = {BUCKETS[0].measurement_key(c, t): _bench(v) for (c, t), v in FIGURES[drafts].items()}
+        rows += rows_for_trial(sweep_id="t", trial_id=tid, role=role, config=cfg, buckets=BUCKETS, measurements=meas)
+    return results_frame(rows)
+
+
+def test_the_prediction_covers_every_measured_load_level():
+    df = _frame()
+    table = pick_best(df, BUCKETS, provenance=PROV)
+    mix = TrafficMix.model_validate({"classes": [{"max_tokens": 1000, "temperature": 0.0, "share": 1},
+                                                 {"max_tokens": 1000, "temperature": 0.8, "share": 1}]})
+    line = traffic_line(table, df, SimpleNamespace(buckets=BUCKETS), mix)
+    assert "over load levels 64/256 in equal token shares" in line, line
+    # Table: greedy@64 MTP-4 1400, sampled@64 off 1000, greedy@256 MTP-2 2800, sampled@256 off 2000 (as far as
+    # the table's cells say; the expected value is what those cells serve), a quarter of the tokens each.
+    bucket = table.bucket("le1024")
+    served = {}
+    for band, level in (("greedy", 64), ("sampled", 64), ("greedy", 256), ("sampled", 256)):
+        cell = bucket.cell_for(band, level)
+        drafts = (cell.engine_config() if cell else bucket.engine_config()).num_draft_tokens or 0
+        served[(band, level)] = FIGURES[drafts][(level, 0.0 if band == "greedy" else 0.8)]
+    table_rate = 1 / sum(0.25 / v for v in served.values())
+    singles = [1 / sum(0.25 / v for v in figs.values()) for figs in FIGURES.values()]
+    assert served[("greedy", 64)] == 1400 and served[("sampled", 64)] == 1000
+    expected = table_rate / max(singles)
+    assert float(re.search(r"([0-9.]+)x \(the mix", line).group(1)) == pytest.approx(expected, abs=0.006), line
+    assert expected > 1.1
