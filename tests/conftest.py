@@ -35,6 +35,7 @@ def pytest_configure(config: pytest.Config) -> None:
     subprocess.run(["ray", "get-auth-token", "--generate"], capture_output=True, timeout=120, check=True)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # pytest-xdist's ``--dist loadgroup`` runs a group's tests on one worker, in order: one group per
     # file by default, so a module's cluster (a module-scoped fixture) starts once. A module that must
