@@ -1,0 +1,88 @@
+"""The test-checkpoint profile against its committed held-out check (issue #18 item 5): the stored profile
+holds the constants the fit result claims, and still produces every simulated held-out figure of
+``benchmarks/results/sim_fit_test_ckpt_2026-12-01.json``, so a later profile edit that moves the fit is
+caught here (and the result must be regenerated with ``benchmarks/sim_fit_test_ckpt.py``)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator.sim.model import load_profile
+from tuning.simfit import (
+    ACCEPT_TOLERANCE,
+    THROUGHPUT_TOLERANCE,
+    SimFitError,
+    WaveSetup,
+    coordinate_search,
+    is_held_out,
+    measured_cells,
+    simulate_cell,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULT = json.loads((ROOT / "benchmarks/results/sim_fit_test_ckpt_2026-12-01.json").read_text())
+MEASUREMENT = json.loads((ROOT / RESULT["measurement"]).read_text())
+PROFILE = load_profile(RESULT["profile"])
+SETUP = WaveSetup(**RESULT["setup"])
+CELLS = {c.name: c for c in measured_cells(MEASUREMENT["rows"], MEASUREMENT["engines"])}
+
+
+def test_the_stored_profile_holds_the_fitted_constants_the_result_claims():
+    for name, value in RESULT["fitted"].items():
+        assert getattr(PROFILE, name) == pytest.approx(value, rel=1e-9), name
+    for name, value in RESULT["held"].items():
+        assert getattr(PROFILE, name) == pytest.approx(value, rel=1e-9), name
+    assert RESULT["simulated"] is True and PROFILE.calibrated is False
+    assert "SIMULATED" in PROFILE.notes and RESULT["results_md"] in PROFILE.notes
+
+
+def test_the_split_is_the_stated_rule_and_covers_every_measured_cell():
+    held = {e["cell"] for e in RESULT["held_out"]}
+    fit = {e["cell"] for e in RESULT["fit"]}
+    assert held | fit == set(CELLS) and not held & fit
+    for name, cell in CELLS.items():
+        assert (name in held) == is_held_out(cell.num_draft_tokens, cell.concurrency, cell.temperature)
+    assert {CELLS[n].concurrency for n in held} >= {64} and any(CELLS[n].temperature > 0 for n in held)
+
+
+@pytest.mark.parametrize("entry", RESULT["held_out"], ids=[e["cell"] for e in RESULT["held_out"]])
+def test_the_stored_profile_reproduces_each_held_out_figure_and_verdict(entry):
+    cell = CELLS[entry["cell"]]
+    assert list(cell.throughputs) == entry["throughputs"]  # the measured side is the committed one
+    throughput, accept = simulate_cell(PROFILE, cell, SETUP, seed=RESULT["seed"])
+    assert throughput == pytest.approx(entry["sim_throughput"], abs=0.1)
+    assert abs(throughput / cell.throughput - 1) <= THROUGHPUT_TOLERANCE if entry["throughput_ok"] else \
+        abs(throughput / cell.throughput - 1) > THROUGHPUT_TOLERANCE
+    if entry["sim_accept_length"] is None:
+        assert accept is None
+    else:
+        assert accept == pytest.approx(entry["sim_accept_length"], abs=1e-4)
+        assert (abs(accept - cell.accept_length) <= ACCEPT_TOLERANCE) == entry["accept_ok"]
+
+
+def test_the_summary_counts_the_verdicts_of_its_cells():
+    held, summary = RESULT["held_out"], RESULT["held_out_summary"]
+    assert summary["cells"] == len(held)
+    assert summary["throughput_pass"] == sum(e["throughput_ok"] for e in held)
+    assert summary["accept_pass"] == sum(bool(e["accept_ok"]) for e in held)
+
+
+def test_waves_with_a_failed_request_are_left_out_and_a_cell_without_waves_is_dropped():
+    engines = {"off": {"backend": "pytorch", "num_draft_tokens": 0}}
+    row = {"engine": "off", "output_len": 128, "concurrency": 8, "temperature": 0.0, "accept_length": None}
+    cells = measured_cells([{**row, "round": 0, "output_throughput": 100.0, "failed": 0},
+                            {**row, "round": 1, "output_throughput": 50.0, "failed": 1},
+                            {**row, "concurrency": 64, "round": 0, "output_throughput": 9.0, "failed": 1}], engines)
+    assert [(c.concurrency, c.throughputs, c.excluded_waves) for c in cells] == [(8, (100.0,), 1)]
+    assert cells[0].throughput_half_spread is None  # one round: no spread known
+    with pytest.raises(SimFitError, match="no wave"):
+        measured_cells([{**row, "round": 0, "output_throughput": 1.0, "failed": 2}], engines)
+
+
+def test_coordinate_search_finds_a_bounded_minimum():
+    point, value = coordinate_search(lambda p: (p["a"] - 0.3) ** 2 + (p["b"] - 7.0) ** 2,
+                                     {"a": 0.9, "b": 1.0}, {"a": (0.0, 1.0), "b": (0.0, 5.0)})
+    assert point["a"] == pytest.approx(0.3, abs=0.01) and point["b"] == 5.0  # b's optimum lies outside: its bound
+    assert value == pytest.approx(4.0, abs=1e-3)
