@@ -86,3 +86,9 @@ def test_coordinate_search_finds_a_bounded_minimum():
                                      {"a": 0.9, "b": 1.0}, {"a": (0.0, 1.0), "b": (0.0, 5.0)})
     assert point["a"] == pytest.approx(0.3, abs=0.01) and point["b"] == 5.0  # b's optimum lies outside: its bound
     assert value == pytest.approx(4.0, abs=1e-3)
+
+
+def test_the_published_profile_takes_its_temperature_slope_from_this_fit_and_says_so():
+    published = load_profile(RESULT["published_temperature_shape"]["profile"])
+    assert published.accept_temperature_slope == PROFILE.accept_temperature_slope == RESULT["fitted"]["accept_temperature_slope"]
+    assert "sim_fit_test_ckpt_2026-12-01.md" in published.notes and RESULT["published_temperature_shape"]["t0_unchanged"]
