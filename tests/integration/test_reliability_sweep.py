@@ -163,6 +163,10 @@ def test_engine_faults_fail_their_trial_free_resources_and_the_sweep_finishes(tm
 
 
 # ----- the sweep process killed and resumed --------------------------------------------------------------
+OWN_CLUSTER = pytest.mark.xdist_group("test_reliability_sweep-cli")
+"""These sweeps run the CLI, which starts a Ray cluster of its own (not the module's): with pytest-xdist
+they need not wait for this file's other tests (a group apart from the file's own)."""
+
 def _sweep_cmd(run_dir: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "tuning.sweep", "--no-live", "--num-cpus", "2", *extra]
 
@@ -281,6 +285,7 @@ def _sweep_killed_mid_trial(tmp_path: Path, *, with_ray: bool = False
 
 
 @pytest.mark.slow  # ~45-70 s on 2 busy cores; in the default run (< 90 s)
+@OWN_CLUSTER
 def test_sigkilled_sweep_resumes_without_losing_or_rerunning_trials(tmp_path):
     run_dir, env, marker, finished_before, before = _sweep_killed_mid_trial(tmp_path)
     # Without the live display the killed run's output still says how far it got: a line per trial
@@ -317,6 +322,7 @@ def test_sigkilled_sweep_resumes_without_losing_or_rerunning_trials(tmp_path):
 
 
 @pytest.mark.slow  # ~45-70 s on 2 busy cores; in the default run (< 90 s)
+@OWN_CLUSTER
 def test_a_trial_cut_with_its_ray_cluster_is_measured_when_resumed(tmp_path):
     """GPU run 4 (2026-11-29): a device call's time limit killed the sweep and its Ray cluster during
     the static baseline; the resume handed that trial the driver's own "reported nothing" rows as a
@@ -340,6 +346,7 @@ def test_a_trial_cut_with_its_ray_cluster_is_measured_when_resumed(tmp_path):
 
 
 @pytest.mark.slow  # ~45-70 s on 2 busy cores; in the default run (< 90 s)
+@OWN_CLUSTER
 def test_a_resume_whose_budget_the_reported_trials_meet_ends_without_starting_an_engine(tmp_path):
     """Lowering --num-trials to what was reported finishes the sweep now: the trial the kill cut
     short is not restarted (on a GPU it would pay a 1-3 minute engine start), the reported trials'
