@@ -73,7 +73,10 @@ def choose_cells(measurements: Iterable[CellMeasurement], *, primary_band: str, 
     other (band, load level) whose best config beats the config it would otherwise get beyond both
     confidence intervals and by more than ``min_gain`` (the noise floor for figures measured once, whose
     intervals have no width). Load levels are taken in increasing order, so a cell at a higher level is
-    written only where it changes the outcome."""
+    written only where it changes the outcome. A cell found at the bucket's lowest measured level serves
+    its band from one request in flight up (``min_in_flight`` 1): below that level nothing was measured,
+    and the nearest evidence is that level's, not the primary's (with ``min_in_flight`` equal to the
+    measured concurrency the router would send the band to the primary whenever a replica holds fewer)."""
     by_bucket: dict[str, dict[tuple[str, int], dict[str, CellMeasurement]]] = defaultdict(lambda: defaultdict(dict))
     for m in measurements:
         by_bucket[m.bucket][(m.band, m.in_flight)][m.engine_key] = m
@@ -89,6 +92,7 @@ def choose_cells(measurements: Iterable[CellMeasurement], *, primary_band: str, 
                                                                 key=lambda m: m.figures(level).output_throughput)
         chosen: list[Cell] = []
         notes: list[str] = []
+        lowest = min(level for _, level in cells)
         for band, in_flight in sorted(cells, key=lambda bl: (bl[0], bl[1])):
             if (band, in_flight) == (primary_band, primary_in_flight):
                 continue
@@ -107,7 +111,8 @@ def choose_cells(measurements: Iterable[CellMeasurement], *, primary_band: str, 
             if b.output_throughput_ci[0] > c.output_throughput_ci[1] and \
                     b.output_throughput > c.output_throughput * (1.0 + min_gain):
                 primary_here = here.get(primary.engine_key)
-                chosen.append(Cell(sampling=band, min_in_flight=in_flight, config=dict(best.config), figures=b,
+                chosen.append(Cell(sampling=band, min_in_flight=1 if in_flight == lowest else in_flight,
+                                   config=dict(best.config), figures=b,
                                    primary_figures=primary_here.figures(level) if primary_here else None))
             else:
                 notes.append(f"{band}@{in_flight}: {best.engine_key} {b.output_throughput:.0f} tok/s vs "

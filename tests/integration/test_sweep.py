@@ -369,7 +369,7 @@ def test_a_temperature_sweep_gives_sampled_traffic_its_own_cell(tmp_path):
     bucket = table.bucket("le1024")
     assert bucket.engine_config().num_draft_tokens == 4 and bucket.load_variants == ()
     (cell,) = bucket.cells
-    assert (cell.sampling, cell.min_in_flight, cell.engine_config().speculative) == ("sampled", 64, False)
+    assert (cell.sampling, cell.min_in_flight, cell.engine_config().speculative) == ("sampled", 1, False)
     assert cell.figures.output_throughput == pytest.approx(by[(ROLE_MTP_OFF, "sampled")])
     assert cell.primary_figures.output_throughput == pytest.approx(by[(ROLE_STATIC, "sampled")])
     # the router's view: sampled requests at the bucket's load take the cell, greedy ones the primary
@@ -377,6 +377,7 @@ def test_a_temperature_sweep_gives_sampled_traffic_its_own_cell(tmp_path):
 
     primary = bucket.engine_config().key()
     assert choose_route(1000, table, {primary: 64}, temperature=0.8).deployment == cell.engine_config().key()
+    assert choose_route(1000, table, {primary: 3}, temperature=0.8).deployment == cell.engine_config().key()
     assert choose_route(1000, table, {primary: 64}, temperature=0.0).deployment == primary
 
     # The summary's traffic-mix line: half greedy, half sampled tokens, served by the table (primary +

@@ -43,8 +43,10 @@ def test_primary_is_the_best_on_the_primary_cell_and_cells_only_beyond_noise():
     choice = choose_cells(MEASURED, primary_band="greedy", primary_in_flight=64)["le1024"]
     assert choice.primary_key == KEY[4]
     cells = {(c.sampling, c.min_in_flight): c.engine_config().key() for c in choice.cells}
-    # sampled traffic: MTP off beats MTP-4 far beyond noise, from the lowest load up (one cell covers 256 too)
-    assert cells[("sampled", 64)] == KEY[0]
+    # sampled traffic: MTP off beats MTP-4 far beyond noise, from the lowest load up (one cell covers 256 too,
+    # and every load below the lowest measured one: the router must not send sampled requests to MTP-4 when a
+    # replica holds fewer than 64)
+    assert cells[("sampled", 1)] == KEY[0]
     assert ("sampled", 256) not in cells  # MTP off still serves it: MTP-2 is within noise of it
     assert cells[("greedy", 256)] == KEY[2]
     assert any("sampled@256" in n and "within noise" in n for n in choice.notes)
@@ -75,6 +77,7 @@ def test_cells_load_into_a_v2_routing_table():
     assert b.cell_for("sampled", 300).engine_config().key() == KEY[0]
     assert b.cell_for("greedy", 300).engine_config().key() == KEY[2]
     assert b.cell_for("greedy", 64) is None
+    assert b.cell_for("sampled", 5).engine_config().key() == KEY[0]  # below the lowest measured load too
     assert len(rt.distinct_configs()) == 3
 
 
