@@ -22,7 +22,8 @@ from orchestrator.errors import ConfigError, EngineError, OrchestratorError
 from tuning.buckets import Bucket
 from tuning.sweep.budget import TimeBudgetSpent
 
-__all__ = ["MeasurePlan", "Measurements", "failure_reason", "measure_buckets", "measure_config", "representative_run"]
+__all__ = ["MeasurePlan", "Measurements", "failure_reason", "measure_buckets", "measure_config", "measure_steps",
+           "representative_run"]
 
 Guard = Callable[[], contextlib.AbstractContextManager[Any]]
 Measurements = dict[tuple[Any, ...], dict[str, Any]]
@@ -49,9 +50,11 @@ class MeasurePlan:
         repeats: runs of each bucket x load level on the same engine; the lower-median run stands
             for them (:func:`representative_run`). On real GPUs short runs vary, and repeats on one
             engine tell run-to-run noise apart from engine-to-engine differences.
-        burn_in: run the first bucket's workload once, unmeasured, before measuring: a fresh engine's
-            first full-load run is slower (one-time kernel and graph set-up that short warm-up requests
-            do not trigger), which would bias whichever bucket came first.
+        burn_in: run the first bucket's workload once per temperature measured, unmeasured, before
+            measuring: a fresh engine's first full-load run is slower (one-time kernel and graph set-up
+            that short warm-up requests do not trigger), which would bias whichever bucket came first,
+            and the first sampled run pays it again for the sampling kernels (a greedy-only warm-up
+            left the first sampled wave's TTFT at 3-4x the next engine start's on the H200).
     """
 
     time_scale: float | None = None
@@ -141,21 +144,27 @@ def measure_config(
         engine.stop()
 
 
+def measure_steps(buckets: Sequence[Bucket], *, burn_in: bool) -> list[tuple[Bucket, int, float, bool]]:
+    """``(bucket, concurrency, temperature, measured)`` in the order an engine runs them: with
+    ``burn_in``, the first bucket at its primary load once per temperature measured (in first-measured
+    order), unmeasured; then every bucket's points. The burn-in is part of the same loop as the buckets,
+    so a failure in either is reported the same way."""
+    steps: list[tuple[Bucket, int, float, bool]] = []
+    if burn_in and buckets:
+        temperatures = dict.fromkeys(t for b in buckets for _, t in b.points())
+        steps += [(buckets[0], buckets[0].primary_concurrency, t, False) for t in temperatures]
+    return steps + [(b, c, t, True) for b in buckets for c, t in b.points()]
+
+
 def measure_buckets(engine: Any, config: EngineConfig, buckets: Sequence[Bucket], plan: MeasurePlan, *,
                     measurements: Measurements, tokenizer: Any = None) -> str:
     """Every bucket x load level (``plan.repeats`` runs each) against the ready ``engine`` into
-    ``measurements``, after one unmeasured run of the first bucket if ``plan.burn_in``; returns the
-    failure reason ('' when all ran). ``tokenizer``: the loaded ``plan.tokenizer`` (loaded once per
-    engine by the caller)."""
+    ``measurements``, after one unmeasured run of the first bucket per temperature if ``plan.burn_in``;
+    returns the failure reason ('' when all ran). ``tokenizer``: the loaded ``plan.tokenizer`` (loaded
+    once per engine by the caller)."""
     from tuning.bench import benchmark
 
-    # (bucket, concurrency, temperature, measured): the burn-in is the first step of the same loop as
-    # the buckets, run and not measured, so a failure in either is reported the same way.
-    steps: list[tuple[Bucket, int, float, bool]] = []
-    if plan.burn_in and buckets:
-        steps.append((buckets[0], buckets[0].primary_concurrency, buckets[0].primary_temperature, False))
-    steps += [(b, c, t, True) for b in buckets for c, t in b.points()]
-    for b, c, t, measured in steps:
+    for b, c, t, measured in measure_steps(buckets, burn_in=plan.burn_in):
         what = f"bucket {b.name}" if measured else f"the burn-in run of bucket {b.name}"
         if t != b.primary_temperature:
             what += f" at temperature {t:g}"
