@@ -27,7 +27,7 @@ from tuning.bench.errors import ServerUnreachableError
 from tuning.bench.records import RequestOutput, ServerInfo, SimClock
 from tuning.workload import RequestSpec, TokenCounter, Workload
 
-__all__ = ["PROBE_TIMEOUT_S", "SIM_HEADER"]
+__all__ = ["PROBE_TIMEOUT_S", "SIM_HEADER", "probe_server"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +35,9 @@ SIM_HEADER = "x-simulated-engine"
 PROBE_TIMEOUT_S = 10.0
 
 
-async def _probe_server(session: aiohttp.ClientSession, base_url: str) -> ServerInfo:
+async def probe_server(session: aiohttp.ClientSession, base_url: str) -> ServerInfo:
+    """What the server at ``base_url`` is (model, simulated or not, time scale): one copy of how a
+    client tells a simulated engine or a router in front of simulated engines from a real one."""
     url = f"{base_url}/v1/models"
     timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
     try:

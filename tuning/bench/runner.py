@@ -18,7 +18,7 @@ from orchestrator.fsutil import utc_now_iso
 from tuning.bench.client import (
     PROBE_TIMEOUT_S,
     _Hooks,
-    _probe_server,
+    probe_server,
     _RequestState,
     _scrape_spec_counters,
     _send,
@@ -178,7 +178,7 @@ async def run_benchmark(
         read_bufsize=10 * 1024**2,  # long SSE lines under load (sglang does the same)
     )
     try:
-        info = await _probe_server(session, base_url)
+        info = await probe_server(session, base_url)
         model_name = model or info.model
         specs = build_requests(workload, counter)
         url = f"{base_url}/v1/chat/completions" if workload.api == "chat" else f"{base_url}/v1/completions"

@@ -21,7 +21,7 @@ from typing import Any
 
 import aiohttp
 
-from tuning.bench.client import _probe_server
+from tuning.bench.client import probe_server
 from tuning.bench.errors import ServerUnreachableError
 from tuning.bench.records import ServerInfo
 from tuning.drive.errors import DriveError
@@ -65,7 +65,7 @@ class OpenAIBackend:
         self._session = aiohttp.ClientSession(headers=self._headers,
                                               connector=aiohttp.TCPConnector(limit=0, force_close=False))
         try:
-            self.info = await _probe_server(self._session, self.base_url)
+            self.info = await probe_server(self._session, self.base_url)
         except ServerUnreachableError as e:
             await self._session.close()
             raise DriveError(str(e)) from None
