@@ -6,7 +6,7 @@ import os
 import subprocess
 import urllib.request
 
-__all__ = ["complete", "gpu_pids_of_group", "model_name", "nvidia_apps"]
+__all__ = ["complete", "gpu_pids_of_group", "kill_9_and_check_memory_freed", "model_name", "nvidia_apps"]
 
 
 def nvidia_apps() -> dict[int, float]:
@@ -45,3 +45,38 @@ def complete(base_url: str, prompt: str, max_tokens: int) -> str:
     req = urllib.request.Request(f"{base_url}/v1/completions", data=body, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=300) as r:
         return json.loads(r.read())["choices"][0]["text"]
+
+
+def kill_9_and_check_memory_freed(engines: dict, victim_name: str) -> None:
+    """kill -9 of ``engines[victim_name]``'s server: check_health reports it dead with the signal as its
+    return code; stopping every engine then leaves none of their processes holding GPU memory (LMDeploy's
+    engine process is a child in the same process group and survives the parent). Each engine must hold
+    GPU memory before, or the check would prove nothing."""
+    import signal
+    import time
+
+    import pytest
+
+    from orchestrator.errors import EngineDiedError
+
+    held = {name: gpu_pids_of_group(proc.pid) for name, proc in engines.items()}
+    for name, pids in held.items():
+        assert pids and sum(pids.values()) > 1024, f"engine {name} holds no GPU memory per nvidia-smi: {pids}"
+    victim = engines[victim_name]
+    victim.check_health()
+    os.kill(victim.pid, signal.SIGKILL)
+    time.sleep(1.0)
+    with pytest.raises(EngineDiedError):
+        victim.check_health()
+    assert victim.returncode == -signal.SIGKILL
+    for proc in engines.values():
+        proc.stop()
+    deadline = time.monotonic() + 30
+    still: dict[int, float] = {}
+    while time.monotonic() < deadline:
+        apps = nvidia_apps()
+        still = {pid: apps[pid] for pids in held.values() for pid in pids if pid in apps}
+        if not still:
+            break
+        time.sleep(1)
+    assert not still, f"GPU memory still held after stop by {still}"

@@ -14,13 +14,12 @@ but not attention). Both engines run with ``--language-model-only`` and a small 
 from __future__ import annotations
 
 import os
-import signal
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-from gpu_helpers import complete, gpu_pids_of_group, nvidia_apps
+from gpu_helpers import complete, kill_9_and_check_memory_freed
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -120,26 +119,4 @@ def test_no_spec_counters_from_turbomind(engines, prompts) -> None:
 def test_kill_9_detected_and_gpu_memory_freed(engines) -> None:
     """kill -9 of the TurboMind server: check_health reports it dead; stop() then leaves no process of
     either engine holding GPU memory."""
-    from orchestrator.errors import EngineDiedError
-
-    held = {name: gpu_pids_of_group(proc.pid) for name, proc in engines.items()}
-    for name, pids in held.items():
-        assert pids and sum(pids.values()) > 1024, f"engine {name} holds no GPU memory per nvidia-smi: {pids}"
-    victim = engines["turbomind"]
-    victim.check_health()
-    os.kill(victim.pid, signal.SIGKILL)
-    time.sleep(1.0)
-    with pytest.raises(EngineDiedError):
-        victim.check_health()
-    assert victim.returncode == -signal.SIGKILL
-    for proc in engines.values():
-        proc.stop()
-    deadline = time.monotonic() + 30
-    still: dict[int, float] = {}
-    while time.monotonic() < deadline:
-        apps = nvidia_apps()
-        still = {pid: apps[pid] for pids in held.values() for pid in pids if pid in apps}
-        if not still:
-            break
-        time.sleep(1)
-    assert not still, f"GPU memory still held after stop by {still}"
+    kill_9_and_check_memory_freed(engines, "turbomind")
