@@ -6,7 +6,7 @@ import os
 import subprocess
 import urllib.request
 
-__all__ = ["complete", "gpu_pids_of_group", "kill_9_and_check_memory_freed", "model_name", "nvidia_apps"]
+__all__ = ["complete", "gpu_pids_of_group", "kill_9_and_check_memory_freed", "model_name", "nvidia_apps", "spec_counters"]
 
 
 def nvidia_apps() -> dict[int, float]:
@@ -80,3 +80,11 @@ def kill_9_and_check_memory_freed(engines: dict, victim_name: str) -> None:
             break
         time.sleep(1)
     assert not still, f"GPU memory still held after stop by {still}"
+
+
+def spec_counters(base_url: str) -> dict[str, float]:
+    """The engine's ``lmdeploy:spec_decode_*`` counters from its ``/metrics`` page."""
+    from tuning.bench import parse_spec_counters
+
+    with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as r:
+        return parse_spec_counters(r.read().decode())

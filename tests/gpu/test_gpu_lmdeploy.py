@@ -15,23 +15,15 @@ and a small KV share so they fit beside other work on the GPU. Both engines star
 from __future__ import annotations
 
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from gpu_helpers import complete, kill_9_and_check_memory_freed
+from gpu_helpers import complete, kill_9_and_check_memory_freed, spec_counters
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 NUM_DRAFT = 2
 MAX_TOKENS = 128
-
-
-def _counters(base_url: str) -> dict[str, float]:
-    from tuning.bench import parse_spec_counters
-
-    with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as r:
-        return parse_spec_counters(r.read().decode())
 
 
 @pytest.fixture(scope="module")
@@ -78,9 +70,9 @@ def test_bench_accept_length_equals_lmdeploy_counters(engines, checkpoint, promp
                              corpus_text="\n".join(prompts))
     wl = Workload(dataset="random", input_len=128, output_len=MAX_TOKENS, range_ratio=1.0, num_prompts=8,
                   max_concurrency=8, temperature=0.0, ignore_eos=True, name="gpu-test")
-    before = _counters(eng.base_url)
+    before = spec_counters(eng.base_url)
     result = benchmark(eng.base_url, wl, tokenizer=counter, engine_config=eng.config)
-    after = _counters(eng.base_url)
+    after = spec_counters(eng.base_url)
     assert result.completed == 8 and result.failed == 0, result.failure_reasons
     direct = accept_length_from_counters({k: after[k] - before.get(k, 0.0) for k in after}, NUM_DRAFT)
     assert direct is not None and result.accept_length == pytest.approx(direct, abs=1e-9)
@@ -94,9 +86,9 @@ def test_bench_accept_length_equals_lmdeploy_counters(engines, checkpoint, promp
 
 def test_no_spec_counters_without_mtp(engines, prompts) -> None:
     eng = engines["off"]
-    before = _counters(eng.base_url)
+    before = spec_counters(eng.base_url)
     complete(eng.base_url, prompts[0], 16)
-    after = _counters(eng.base_url)
+    after = spec_counters(eng.base_url)
     assert after.get("num_draft_tokens", 0.0) == before.get("num_draft_tokens", 0.0)
 
 

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from gpu_helpers import model_name
+from gpu_helpers import model_name, spec_counters
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -50,13 +50,6 @@ def _sample(base_url: str, prompt: str, temperature: float, n: int) -> list[str]
 
     with ThreadPoolExecutor(CONCURRENCY) as pool:
         return list(pool.map(one, range(n)))
-
-
-def _counters(base_url: str) -> dict[str, float]:
-    from tuning.bench import parse_spec_counters
-
-    with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as r:
-        return parse_spec_counters(r.read().decode())
 
 
 @pytest.fixture(scope="module")
@@ -84,12 +77,12 @@ def samples(checkpoint: tuple[Path, bool], prompts: list[str], tmp_path_factory:
             proc.wait_until_ready()
             print(f"engine {name} ready in {time.monotonic() - t0:.0f} s")
             _sample(proc.base_url, prompts[0], 1.0, CONCURRENCY)  # warm the sampling path
-            before = _counters(proc.base_url) if name == "mtp" else {}
+            before = spec_counters(proc.base_url) if name == "mtp" else {}
             for i in range(PROMPTS):
                 for t in temps:
                     out[(name, i, t)] = _sample(proc.base_url, prompts[i], t, SAMPLES)
             if name == "mtp":
-                after = _counters(proc.base_url)
+                after = spec_counters(proc.base_url)
                 accept = accept_length_from_counters({k: after[k] - before.get(k, 0.0) for k in after}, NUM_DRAFT)
         finally:
             proc.stop()
