@@ -38,6 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from a checkout
 
+from benchmarks import onehost  # noqa: E402
 from orchestrator.config import EngineConfig  # noqa: E402
 from orchestrator.sim.model import DEFAULT_PROFILE  # noqa: E402
 
@@ -57,45 +58,12 @@ REQUEST_TOKENS = {"le256": 200, "le1024": 800, "le4096": 1500}
 
 
 # ----- where processes run (/proc) ---------------------------------------------------------------------------
-def _read(path: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
-
-
 def replicas_by_node(app: str = APP) -> dict[str, list[str]]:
-    """Deployment -> node labels of its live replica processes (Ray titles them
-    ``ray::ServeReplica:<app>:<deployment>``)."""
-    out: dict[str, list[str]] = {}
-    prefix = f"ray::ServeReplica:{app}:"
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        title = _read(f"/proc/{entry}/cmdline").decode(errors="replace").split("\0")[0]
-        if not title.startswith(prefix):
-            continue
-        stat = _read(f"/proc/{entry}/stat").decode(errors="replace")
-        if not stat or stat[stat.rfind(")") + 2:].split()[0] in ("Z", "X"):
-            continue
-        env = dict(kv.split("=", 1) for kv in _read(f"/proc/{entry}/environ").decode(errors="replace").split("\0")
-                   if "=" in kv)
-        # While a replica runs a call, Ray appends the method: ``...:<deployment>.<method>``.
-        name = title[len(prefix):].split()[0]
-        name = next((n for n in DEPLOYMENTS if name == n or name.startswith(n + ".")), name)
-        out.setdefault(name, []).append(env.get(NODE_ENV, "?"))
-    return {k: sorted(v) for k, v in out.items()}
+    return onehost.replicas_by_node(app, DEPLOYMENTS, NODE_ENV)
 
 
 def running_replicas(app: str = APP) -> dict[str, int]:
-    from ray import serve
-
-    status = serve.status().applications.get(app)
-    if status is None:
-        return {}
-    return {name: int(sum(c for s, c in d.replica_states.items() if getattr(s, "value", s) == "RUNNING"))
-            for name, d in status.deployments.items()}
+    return onehost.running_replicas(app)
 
 
 # ----- requests ------------------------------------------------------------------------------------------------

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import onehost
+from benchmarks.onehost import live_processes
 from orchestrator import table as routing
 from orchestrator.config import EngineConfig
 from tuning.buckets import make_buckets
@@ -107,14 +109,6 @@ def multinode() -> Iterator[MultiNode]:
 
 
 # ----- engines, found through /proc --------------------------------------------------------------------
-def _read(path: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
-
-
 @dataclass(frozen=True)
 class EngineSeen:
     pid: int
@@ -132,24 +126,13 @@ def engines_under(folder: Path) -> list[EngineSeen]:
     """Live ``orchestrator.sim`` processes whose stdout is a file under ``folder``."""
     folder_s = str(folder.resolve())
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+    for proc in live_processes():
+        if "orchestrator.sim" not in proc.argv:
             continue
-        argv = tuple(_read(f"/proc/{entry}/cmdline").decode(errors="replace").split("\0"))
-        if "orchestrator.sim" not in argv:
+        log = proc.stdout()
+        if log is None or not log.startswith(folder_s):
             continue
-        stat = _read(f"/proc/{entry}/stat").decode(errors="replace")
-        if not stat or stat[stat.rfind(")") + 2:].split()[0] in ("Z", "X"):
-            continue
-        try:
-            log = os.readlink(f"/proc/{entry}/fd/1")
-        except OSError:
-            continue
-        if not log.startswith(folder_s):
-            continue
-        env = dict(kv.split("=", 1) for kv in _read(f"/proc/{entry}/environ").decode(errors="replace").split("\0")
-                   if "=" in kv)
-        found.append(EngineSeen(int(entry), env.get(NODE_ENV, "?"), log, argv))
+        found.append(EngineSeen(proc.pid, proc.env().get(NODE_ENV, "?"), log, proc.argv))
     return found
 
 
@@ -334,36 +317,11 @@ DEPLOYMENTS = ["router", *(EngineConfig(**c).key() for c in BUCKET_CONFIGS.value
 
 
 def replicas_by_node(app: str = APP) -> dict[str, list[str]]:
-    """Serve replica processes of ``app`` (Ray titles them ``ray::ServeReplica:<app>:<deployment>``)
-    by deployment: the node label each one inherited from its raylet."""
-    out: dict[str, list[str]] = {}
-    prefix = f"ray::ServeReplica:{app}:"
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        title = _read(f"/proc/{entry}/cmdline").decode(errors="replace").split("\0")[0]
-        if not title.startswith(prefix):
-            continue
-        stat = _read(f"/proc/{entry}/stat").decode(errors="replace")
-        if not stat or stat[stat.rfind(")") + 2:].split()[0] in ("Z", "X"):
-            continue
-        env = dict(kv.split("=", 1) for kv in _read(f"/proc/{entry}/environ").decode(errors="replace").split("\0")
-                   if "=" in kv)
-        # While a replica runs a call, Ray appends the method: ``...:<deployment>.<method>``.
-        name = title[len(prefix):].split()[0]
-        name = next((n for n in DEPLOYMENTS if name == n or name.startswith(n + ".")), name)
-        out.setdefault(name, []).append(env.get(NODE_ENV, "?"))
-    return {k: sorted(v) for k, v in out.items()}
+    return onehost.replicas_by_node(app, DEPLOYMENTS, NODE_ENV)
 
 
 def running_replicas(app: str = APP) -> dict[str, int]:
-    from ray import serve
-
-    status = serve.status().applications.get(app)
-    if status is None:
-        return {}
-    return {name: int(sum(c for s, c in d.replica_states.items() if getattr(s, "value", s) == "RUNNING"))
-            for name, d in status.deployments.items()}
+    return onehost.running_replicas(app)
 
 
 def _wait(what: str, check, timeout_s: float = 90.0, period_s: float = 0.5):  # noqa: ANN001
