@@ -16,6 +16,7 @@ node adds a fresh one before it returns, so the next test finds three GPU nodes 
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -29,9 +30,9 @@ from benchmarks import onehost
 from benchmarks.onehost import live_processes
 from orchestrator import table as routing
 from orchestrator.config import EngineConfig
+from tests.waiting import wait_for
 from tuning.buckets import make_buckets
 from tuning.sweep import SweepSpec, run_sweep
-
 from tuning.sweep.records import reported_trial_ids
 from tuning.sweep.space import ROLE_MTP_OFF, ROLE_STATIC, NamedPoint, SearchSpace
 
@@ -324,15 +325,7 @@ def running_replicas(app: str = APP) -> dict[str, int]:
     return onehost.running_replicas(app)
 
 
-def _wait(what: str, check, timeout_s: float = 90.0, period_s: float = 0.5):  # noqa: ANN001
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(period_s)
+_wait = functools.partial(wait_for, timeout_s=90.0, period_s=0.5)
 
 
 @pytest.fixture(scope="module")

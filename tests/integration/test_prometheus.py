@@ -14,6 +14,7 @@ a temp dir of its own so the file is this cluster's and no other Ray session's o
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -32,6 +33,7 @@ from orchestrator import table as routing
 from orchestrator.config import EngineConfig
 from orchestrator.fsutil import utc_now_iso
 from orchestrator.ports import find_free_port
+from tests.waiting import wait_for
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = [
@@ -112,15 +114,7 @@ class Prometheus:
                 self.proc.wait()
 
 
-def _wait(what: str, check, timeout_s: float = 60.0, period_s: float = 1.0):  # noqa: ANN001, ANN202
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(period_s)
+_wait = functools.partial(wait_for, timeout_s=60.0, period_s=1.0)
 
 
 # ----- Ray, Serve and load ---------------------------------------------------------------------------------
