@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -63,8 +62,8 @@ def engine_configs(ckpt: str, names: list[str], *, sim: bool, memory_fraction: f
             out[name] = pt(0) if sim else pt(0).replace(backend="turbomind")
         elif name == "pytorch-mtp-off":
             out[name] = pt(0)
-        elif name.startswith("pytorch-mtp") and name[len("pytorch-mtp"):].isdigit() and int(name[11:]) >= 1:
-            out[name] = pt(int(name[len("pytorch-mtp"):]))
+        elif (drafts := name.removeprefix("pytorch-mtp")) != name and drafts.isdigit() and int(drafts) >= 1:
+            out[name] = pt(int(drafts))
         else:
             raise ValueError(f"engine {name!r} unknown; known: turbomind, pytorch-mtp-off, pytorch-mtpN (N >= 1)")
     return out
