@@ -70,7 +70,7 @@ def _without_unset(data: dict[str, Any], *keys: str) -> dict[str, Any]:
     shipped are written only when set, so a table that does not use them stays byte-identical to one
     written before they existed, and builds that predate them (``extra="forbid"``) still read it."""
     for key in keys:
-        if data.get(key) is None or data.get(key) == [] or data.get(key) == ():
+        if data.get(key) is None or data.get(key) in ([], (), {}):
             data.pop(key, None)
     return data
 
@@ -247,6 +247,23 @@ class GpuBudget(_Model):
     gpus: int = Field(ge=1)
     share_gpu: bool = False
     notes: tuple[str, ...] = ()
+    replicas: dict[str, int] = Field(
+        default_factory=dict,
+        description="engine key -> whole replicas on the budget's GPUs, sized by each config's share of the "
+                    "traffic's work (tuning.replicas); empty: one replica each. Deploy's scaling overrides it",
+    )
+
+    @field_validator("replicas")
+    @classmethod
+    def _whole_replicas(cls, v: dict[str, int]) -> dict[str, int]:
+        bad = {k: n for k, n in v.items() if not isinstance(n, int) or n < 1}
+        if bad:
+            raise ValueError(f"replicas must be whole numbers >= 1, got {bad}")
+        return v
+
+    @model_serializer(mode="wrap")
+    def _omit_unplanned(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_unset(handler(self), "replicas")
 
     def fits(self, configs: Iterable[EngineConfig]) -> bool:
         """Does one replica of each of ``configs`` fit the budget's GPUs?"""

@@ -18,7 +18,7 @@ from orchestrator.table import BucketFigures, Cell, select_cell
 from tuning.mixed import MixedPrediction, mixed_throughput
 from tuning.stats import mean_confidence_interval
 
-__all__ = ["BucketChoice", "CellMeasurement", "choose_cells", "predict_mix"]
+__all__ = ["BucketChoice", "CellMeasurement", "choose_cells", "mix_parts", "part_rates", "predict_mix"]
 
 
 @dataclass(frozen=True)
@@ -123,6 +123,26 @@ def choose_cells(measurements: Iterable[CellMeasurement], *, primary_band: str, 
     return out
 
 
+def mix_parts(token_shares: Mapping[tuple[str, str], float],
+              in_flight: int | Mapping[int, float]) -> dict[tuple[str, str, int], float]:
+    """The mix's share of the output tokens on each (bucket, band, load level): ``token_shares`` per
+    (bucket, band) spread over the load levels ``in_flight`` (one level, or level -> share)."""
+    loads = {int(in_flight): 1.0} if isinstance(in_flight, int) else {int(k): float(v) for k, v in in_flight.items()}
+    if not loads or any(v < 0 for v in loads.values()) or sum(loads.values()) <= 0:
+        raise ValueError(f"load shares must be >= 0 with a positive sum, got {loads}")
+    total_load = sum(loads.values())
+    parts = {(b, band, level): s * w / total_load for (b, band), s in token_shares.items() if s > 0
+             for level, w in loads.items() if w > 0}
+    if not parts:
+        raise ValueError("the mix has no output tokens")
+    return parts
+
+
+def part_rates(measurements: Iterable[CellMeasurement]) -> dict[tuple[str, str, str, int], float]:
+    """(engine key, bucket, band, level) -> mean output tok/s of one replica, as measured."""
+    return {(m.engine_key, m.bucket, m.band, m.in_flight): m.figures().output_throughput for m in measurements}
+
+
 def predict_mix(measurements: Sequence[CellMeasurement], choices: Mapping[str, BucketChoice],
                 token_shares: Mapping[tuple[str, str], float], *,
                 in_flight: int | Mapping[int, float]) -> MixedPrediction:
@@ -130,19 +150,16 @@ def predict_mix(measurements: Sequence[CellMeasurement], choices: Mapping[str, B
     (:meth:`tuning.traffic.TrafficMix.cell_shares` with ``by="tokens"``) and on load levels (in-flight
     requests per replica) in ``in_flight`` (one level, or level -> share of the tokens), served by the
     chosen cells (``per_bucket_throughput``) and by every single config measured on every part of the mix
-    (:func:`tuning.mixed.mixed_throughput` over bucket x band x level instead of buckets)."""
-    loads = {int(in_flight): 1.0} if isinstance(in_flight, int) else {int(k): float(v) for k, v in in_flight.items()}
-    if not loads or any(v < 0 for v in loads.values()) or sum(loads.values()) <= 0:
-        raise ValueError(f"load shares must be >= 0 with a positive sum, got {loads}")
-    rate = {(m.engine_key, m.bucket, m.band, m.in_flight): m.figures().output_throughput for m in measurements}
-    parts = [(b, band, level) for (b, band), s in token_shares.items() if s > 0 for level, w in loads.items() if w > 0]
-    if not parts:
-        raise ValueError("the mix has no output tokens")
+    (:func:`tuning.mixed.mixed_throughput` over bucket x band x level instead of buckets). Per replica, as
+    if every part had engines of its own in proportion to its work (:mod:`tuning.replicas` sizes whole
+    replicas on a fixed number of GPUs)."""
+    shares = mix_parts(token_shares, in_flight)
+    rate = part_rates(measurements)
+    parts = list(shares)
     missing = [p for p in parts if p[0] not in choices]
     if missing:
         raise ValueError(f"no choice for bucket(s) of the mix: {sorted({b for b, _, _ in missing})}")
-    total_load = sum(loads.values())
-    tokens = {_part(*p): token_shares[(p[0], p[1])] * loads[p[2]] / total_load for p in parts}
+    tokens = {_part(*p): v for p, v in shares.items()}
 
     def rates(key_of: Any) -> dict[str, float]:
         """Tok/s of each part of the mix served by ``key_of(bucket, band, level)``, where measured."""

@@ -35,6 +35,7 @@ from tuning.sweep.space import BASELINE_ROLES, ROLE_MTP_OFF, ROLE_STATIC
 
 __all__ = [
     "BUDGET_CANDIDATES",
+    "CELL_MIN_GAIN",
     "CONFIG_COLUMNS",
     "ROW_COLUMNS",
     "Constraints",
@@ -376,6 +377,11 @@ def _describe(row: Mapping[str, Any]) -> str:
     return f"{row['engine_label']} ({float(row['output_throughput']):,.0f} tok/s)"
 
 
+#: A cell's config must beat the one it replaces by more than this (the noise floor of figures measured
+#: once, whose confidence intervals have no width); the replica plan holds several configs to it too.
+CELL_MIN_GAIN = 0.03
+
+
 def pick_best(
     results: pd.DataFrame,
     buckets: Sequence[Bucket],
@@ -383,7 +389,7 @@ def pick_best(
     *,
     provenance: Provenance,
     budget: GpuBudget | None = None,
-    cell_min_gain: float = 0.03,
+    cell_min_gain: float = CELL_MIN_GAIN,
 ) -> RoutingTable:
     """Per bucket, the config with the highest measured output throughput at the bucket's primary load
     among successful rows that meet ``constraints``; its figures; both baselines' figures and the

@@ -247,7 +247,8 @@ def router_spec(args: AppArgs, table: RoutingTable) -> RouterSpec:
 
 def scaling_for(args: AppArgs, table: RoutingTable, key: str) -> ScalingSpec:
     """Scaling of one engine deployment: by config key, else by the bucket whose primary config it
-    is (buckets sharing a config must agree), else ``default``."""
+    is (buckets sharing a config must agree), else ``default``, else the replicas the sweep planned for
+    the table's GPU budget (``provenance.gpu_budget.replicas``), else one replica."""
     if key in args.scaling:
         return args.scaling[key]
     by_bucket = {
@@ -260,6 +261,9 @@ def scaling_for(args: AppArgs, table: RoutingTable, key: str) -> ScalingSpec:
         )
     if by_bucket:
         return next(iter(by_bucket.values()))
+    planned = table.provenance.gpu_budget.replicas.get(key) if table.provenance.gpu_budget else None
+    if planned is not None and "default" not in args.scaling:
+        return ScalingSpec(num_replicas=planned)
     return args.scaling.get("default", ScalingSpec())
 
 

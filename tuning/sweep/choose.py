@@ -12,23 +12,96 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import table as routing
-from orchestrator.config import API_DEFAULT_TEMPERATURE
+from orchestrator.config import API_DEFAULT_TEMPERATURE, Backend, EngineConfig
 from orchestrator.table import Provenance, RoutingTable
-from tuning.results import pick_best
+from tuning.buckets import Bucket
+from tuning.results import CELL_MIN_GAIN, pick_best
 from tuning.sweep.spec import SweepSpec
 
-__all__ = ["choose_table", "commit_table", "table_targets"]
+__all__ = ["choose_table", "commit_table", "plan_replicas", "table_targets"]
 
 
-def choose_table(results: Any, spec: SweepSpec, provenance: Provenance) -> RoutingTable:
+def choose_table(results: Any, spec: SweepSpec, provenance: Provenance, traffic: Any = None) -> RoutingTable:
     """The routing table ``spec`` asks for from ``results`` (a results frame): each bucket's best
-    config under the spec's constraints, fitted to its serving budget when it has one."""
+    config under the spec's constraints, fitted to its serving budget when it has one. With a budget,
+    whole replicas are planned on its GPUs for ``traffic`` (a :class:`tuning.traffic.TrafficMix`; without
+    one, the buckets' workloads in proportion and the measured sampling bands alike) and the cells
+    that do not pay for the replicas they take are dropped (:func:`plan_replicas`)."""
     table = pick_best(results, spec.buckets, spec.constraints, provenance=provenance, budget=spec.gpu_budget())
+    if table.provenance.gpu_budget is not None:
+        table = plan_replicas(table, results, spec.buckets, traffic)
     if any(b.cells for b in table.buckets):
         # A request without temperature is sampled at the engines' default; the router needs its band.
         backend = next(iter(table.distinct_configs().values())).backend
         table = table.model_copy(update={"default_temperature": API_DEFAULT_TEMPERATURE[backend]})
     return table
+
+
+def plan_replicas(table: RoutingTable, results: Any, buckets: Sequence[Bucket], traffic: Any = None) -> RoutingTable:
+    """``table`` on its budget's GPUs as :func:`tuning.replicas.plan_serving` plans it: cells and bucket
+    primaries that do not pay for the replicas they take handed to configs it keeps, replicas per engine
+    in ``provenance.gpu_budget.replicas``, what changed and the predicted mix in its notes. A table with
+    load variants, or one whose mix the results do not cover, is returned with one replica each and a
+    note saying why."""
+    from tuning.cells import BucketChoice
+    from tuning.mixed import bucket_tokens
+    from tuning.replicas import plan_serving
+    from tuning.results import cell_measurements
+
+    budget = table.provenance.gpu_budget
+    assert budget is not None
+
+    def noted(*notes: str, replicas: dict[str, int] | None = None, buckets: Any = None) -> RoutingTable:
+        new_budget = budget.model_copy(update={"notes": (*budget.notes, *notes), "replicas": replicas or {}})
+        return table.model_copy(update={"provenance": table.provenance.model_copy(update={"gpu_budget": new_budget}),
+                                        **({"buckets": buckets} if buckets is not None else {})})
+
+    if any(b.load_variants for b in table.buckets):
+        return noted("replicas not planned: the table has load variants (one replica each)")
+    measured = [m for b in buckets for m in cell_measurements(results, b)]
+    primary_band = routing.band_of(buckets[0].primary_temperature)
+    levels = sorted({m.in_flight for m in measured})
+    if traffic is not None:
+        shares = traffic.cell_shares(table, by="tokens")
+        mix = "the traffic mix"
+    else:
+        tokens = bucket_tokens(results, {b.name: b.workload.num_prompts for b in buckets})
+        bands = sorted({m.band for m in measured})
+        shares = {(b, band): n / len(bands) for b, n in tokens.items() for band in bands}
+        mix = "the buckets' workloads in proportion" + (f", {'/'.join(bands)} alike" if len(bands) > 1 else "")
+    configs = {**{m.engine_key: EngineConfig.from_dict(m.config) for m in measured}, **table.distinct_configs()}
+
+    def fits(replicas: Any) -> bool:
+        """One engine per replica on the budget's GPUs; a simulated engine counts as the ``tp`` GPUs it
+        stands for (it reserves none, so the budget alone would hold any number)."""
+        engines = [configs[k] for k, n in replicas.items() for _ in range(n)]
+        if any(c.backend is Backend.SIM for c in engines):
+            return sum(c.tp for c in engines) <= budget.gpus
+        return budget.fits(engines)
+
+    choices = {b.name: BucketChoice(b.name, b.engine_config().key(), b.config, b.figures, b.cells)
+               for b in table.buckets}
+    try:
+        plan = plan_serving(measured, choices, shares, in_flight={level: 1.0 for level in levels},
+                            primary_band=primary_band.name if primary_band else "greedy", fits=fits,
+                            min_gain=CELL_MIN_GAIN, labels={k: c.label() for k, c in configs.items()})
+    except ValueError as e:
+        return noted(f"replicas not planned: {e} (one replica each)")
+    buckets = []
+    for b in table.buckets:
+        c = plan.choices[b.name]
+        update: dict[str, Any] = {"cells": c.cells}
+        if c.primary_key != b.engine_config().key():
+            figures = c.primary_figures
+            update |= {"config": dict(c.primary_config), "figures": figures,
+                       "gains": {k: figures.output_throughput / v.output_throughput - 1.0
+                                 for k, v in b.baselines.items() if v.output_throughput > 0}}
+        buckets.append(b.model_copy(update=update))
+    single = (f"; the best single config on them {plan.single[1]:,.0f} ({plan.ratio:.2f}x)" if plan.single else "")
+    summary = (f"replicas planned on {budget.gpus} GPU(s) for {mix} over load levels {'/'.join(map(str, levels))}: "
+               + ", ".join(f"{configs[k].label()} x{n}" for k, n in plan.replicas.items())
+               + f"; predicted {plan.throughput:,.0f} tok/s{single} (from these figures, not measured)")
+    return noted(summary, *plan.notes, replicas=dict(plan.replicas), buckets=tuple(buckets))
 
 
 def table_targets(spec: SweepSpec, extra: Iterable[str | Path] = ()) -> list[Path]:

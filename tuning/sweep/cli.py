@@ -107,7 +107,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--serve-gpus", type=int, metavar="N", help="the committed table must be servable on N GPUs "
                    "(one replica per engine; with --share-gpu tp=1 engines reserve fraction + 0.1 each): the best "
                    "config per bucket if that fits, else the fitting mix of each bucket's top configs with the best "
-                   "mean log throughput. Default: no limit (the summary says how many GPUs the table needs)")
+                   "mean log throughput; then the N GPUs are filled with whole replicas sized by each config's share of "
+                   "the traffic's work (--traffic-mix, else the buckets in proportion), and a cell that does not pay for "
+                   "the replicas it takes gives way. Default: no limit (the summary says how many GPUs the table needs)")
     r.add_argument("--max-tpot-ms", type=float, help="a bucket's chosen config must have median TPOT <= this")
     r.add_argument("--max-ttft-ms", type=float, help="a bucket's chosen config must have median TTFT <= this")
     o = p.add_argument_group("where")
@@ -199,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tuning.sweep.summary import print_summary
 
         outcome = run_sweep(spec, num_trials=num_trials, time_budget_s=args.time_budget_s, resume=resume,
-                            live=not args.no_live, commit_to=())
+                            live=not args.no_live, commit_to=(), traffic=traffic)
         print_summary(outcome, console=console, traffic=traffic)
         # A table that could not be committed everywhere it was asked for (e.g. the serving path)
         # is a failed sweep too: the caller must not go on to deploy from that path.

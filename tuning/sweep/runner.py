@@ -136,9 +136,11 @@ def run_sweep(
     resume: bool = False,
     live: bool = True,
     commit_to: Sequence[str | Path] = (),
+    traffic: Any = None,
 ) -> SweepOutcome:
     """Run (or resume) a sweep on the Ray cluster this process is connected to; write results and the
-    routing table. Returns the outcome; an incomplete result is reported in ``outcome.error`` (the
+    routing table (its replicas planned for ``traffic``, a :class:`tuning.traffic.TrafficMix`, when the
+    spec has a GPU budget). Returns the outcome; an incomplete result is reported in ``outcome.error`` (the
     previous routing table is untouched), never raised."""
     import ray
     from ray import tune
@@ -219,7 +221,7 @@ def run_sweep(
     table = table_path = None
     error = None
     try:
-        table = choose_table(df, spec, provenance_for(spec, df))
+        table = choose_table(df, spec, provenance_for(spec, df), traffic)
         targets = table_targets(spec, commit_to)
         table_path = targets[0]
         table = commit_table(table, targets)

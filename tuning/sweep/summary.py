@@ -83,8 +83,16 @@ def next_commands(outcome: SweepOutcome) -> list[tuple[str, str]]:
 
 def serving_line(table: RoutingTable, spec: SweepSpec) -> str:
     """How many GPUs serving ``table`` takes (one replica per engine), whole and shared, so a table the
-    deploy target cannot hold shows before ``orchestrator.deploy`` refuses it."""
+    deploy target cannot hold shows before ``orchestrator.deploy`` refuses it; with a GPU budget, the
+    replicas planned on it."""
     n = len(table.distinct_configs())
+    budget = table.provenance.gpu_budget
+    if budget is not None and budget.replicas:
+        configs = table.distinct_configs()
+        per = ", ".join(f"{configs[k].label()} x{r}" for k, r in budget.replicas.items())
+        return (f"serving:        {sum(budget.replicas.values())} {'simulated ' if spec.simulated else ''}replica(s) "
+                f"of {n} engine(s) on --serve-gpus {budget.gpus}{' --share-gpu' if budget.share_gpu else ''}: {per} "
+                "(deploy uses these replicas unless its scaling says otherwise)")
     if spec.simulated:
         return f"serving:        {n} simulated engine(s), no GPU"
     shareable = any(c.tp == 1 for c in table.distinct_configs().values())
