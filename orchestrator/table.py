@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from orchestrator.config import EngineConfig, gpus_needed
+from orchestrator.config import Backend, EngineConfig, gpus_needed
 from orchestrator.errors import ConfigError
 from orchestrator.fsutil import atomic_write_text
 
@@ -266,8 +266,13 @@ class GpuBudget(_Model):
         return _without_unset(handler(self), "replicas")
 
     def fits(self, configs: Iterable[EngineConfig]) -> bool:
-        """Does one replica of each of ``configs`` fit the budget's GPUs?"""
-        return gpus_for_engines(configs, share_gpu=self.share_gpu) <= self.gpus
+        """Does one replica of each of ``configs`` fit the budget's GPUs? A simulated engine counts as the
+        ``tp`` GPUs it stands for: it reserves none on the cluster, so by its reservation any number of
+        simulated engines would fit and a simulated sweep's ``--serve-gpus`` would choose nothing."""
+        configs = list(configs)
+        simulated = sum(c.tp for c in configs if c.backend is Backend.SIM)
+        real = gpus_for_engines((c for c in configs if c.backend is not Backend.SIM), share_gpu=self.share_gpu)
+        return simulated + real <= self.gpus
 
 
 def gpus_for_engines(configs: Iterable[EngineConfig], *, share_gpu: bool) -> int:

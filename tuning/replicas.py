@@ -19,10 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from itertools import combinations
+
+from orchestrator.table import Cell
 
 from tuning.cells import BucketChoice, CellMeasurement, mix_parts, part_rates
 
-__all__ = ["MAX_REPLICAS", "ServingPlan", "mix_rate", "plan_serving", "size_replicas", "work_per_config"]
+__all__ = ["MAX_CONFIGS", "MAX_REPLICAS", "ServingPlan", "mix_rate", "plan_serving", "size_replicas", "work_per_config"]
 
 Part = tuple[str, str, int]
 """(bucket, sampling band, load level)."""
@@ -58,6 +61,10 @@ def work_per_config(routes: Mapping[Part, str], tokens: Mapping[Part, float],
     return work
 
 
+#: A plan serves at most this many distinct configs (the search tries every set of the candidates up
+#: to this size; each config is at least one engine, and a table rarely pays for more).
+MAX_CONFIGS = 4
+
 #: No plan runs more replicas than this in all (Serve's own cap on a deployment is 1024).
 MAX_REPLICAS = 1024
 
@@ -88,101 +95,107 @@ def plan_serving(measurements: Sequence[CellMeasurement], choices: Mapping[str, 
                  token_shares: Mapping[tuple[str, str], float], *, in_flight: int | Mapping[int, float],
                  primary_band: str, fits: Callable[[Mapping[str, int]], bool], min_gain: float = 0.0,
                  labels: Mapping[str, str] | None = None) -> ServingPlan:
-    """The plan for ``choices`` (each bucket's primary and cells) on the pool ``fits`` describes, for the
-    mix ``token_shares`` x ``in_flight`` (as :func:`tuning.cells.predict_mix` takes them).
+    """The plan for the table ``choices`` (each bucket's primary and cells) on the pool ``fits``
+    describes, for the mix ``token_shares`` x ``in_flight`` (as :func:`tuning.cells.predict_mix` takes them).
 
-    Starting from the table as chosen, it takes the best of these changes while one raises the mix's
-    rate on whole replicas (or keeps it with one engine fewer): drop a cell, or give a bucket's primary
-    traffic to another config the table already runs. Then every config measured on every part of the
-    mix, alone on the whole pool: the plan keeps several configs only when they beat the best of those
-    by more than ``min_gain``. ``primary_band``: the band the buckets' primaries were measured on (their
-    figures come from there). ``labels`` name engine keys in the notes. Raises ``ValueError`` when the
-    table's configs were not measured on a part of the mix or one replica each does not fit."""
+    Candidates are the table's configs and every config measured on every part of the mix. For each set
+    of at most :data:`MAX_CONFIGS` of them, every part goes to the table's own choice when the set has
+    it (the table chose beyond noise) and else to the set's fastest config there; replicas are sized on
+    the pool. The set with the highest rate on whole replicas wins (fewer configs at equal rates), and
+    several configs are kept only when they beat the best single config on the whole pool by more than
+    ``min_gain``. The winner is written back as each bucket's primary (its route on the primary cell)
+    and cells where the route differs. ``primary_band``: the band the primaries were measured on;
+    ``labels`` name engine keys in the notes. Raises ``ValueError`` when the table's configs were not
+    measured on a part of the mix or one replica of each does not fit."""
     shares = mix_parts(token_shares, in_flight)
     rates = part_rates(measurements)
     name = dict(labels or {}).get
-
-    def evaluate(cs: Mapping[str, BucketChoice]) -> tuple[float, dict[str, int]] | None:
-        work = work_per_config({p: cs[p[0]].key_for(p[1], p[2]) for p in shares}, shares, rates)
-        if work is None:
-            return None
-        replicas = size_replicas(work, fits)
-        return None if replicas is None else (mix_rate(work, replicas), replicas)
-
     missing = sorted({b for b, _, _ in shares} - set(choices))
     if missing:
         raise ValueError(f"no choice for bucket(s) of the mix: {missing}")
-    current = dict(choices)
-    got = evaluate(current)
-    if got is None:
-        raise ValueError("the table's configs were not all measured on the mix's parts, or one replica of each "
-                         "does not fit the GPUs")
-    rate, replicas = got
-    notes: list[str] = []
-    while True:
-        best: tuple[float, int, dict[str, BucketChoice], dict[str, int], str] | None = None
-        for cs, why in _moves(current, measurements, primary_band, name):
-            got = evaluate(cs)
-            if got is None:
+    own = {p: choices[p[0]].key_for(p[1], p[2]) for p in shares}
+    work = work_per_config(own, shares, rates)
+    if work is None:
+        unmeasured = sorted(f"{key} on {b}/{band}@{level}" for (b, band, level), key in own.items()
+                            if not rates.get((key, b, band, level)))
+        raise ValueError(f"the table's configs were not all measured on the mix's parts: {', '.join(unmeasured)}")
+    own_replicas = size_replicas(work, fits)
+    if own_replicas is None:
+        raise ValueError(f"one replica of each of the table's {len(work)} configs does not fit the GPUs")
+    own_rate = mix_rate(work, own_replicas)
+    table_keys = set(own.values())
+    everywhere = {k for k, *_ in rates if all(rates.get((k, *p)) for p in shares)}
+    candidates = sorted(table_keys | everywhere)
+
+    def route(keys: frozenset[str]) -> dict[Part, str] | None:
+        out = {}
+        for p, mine in own.items():
+            here = [k for k in keys if rates.get((k, *p))]
+            if not here:
+                return None
+            out[p] = mine if mine in keys else max(here, key=lambda k: (rates[(k, *p)], k))
+        return out
+
+    best: tuple[float, int, dict[Part, str], dict[str, int]] | None = None
+    single: tuple[str, float] | None = None
+    for n in range(1, min(MAX_CONFIGS, len(candidates)) + 1):
+        for keys in combinations(candidates, n):
+            routes = route(frozenset(keys))
+            w = work_per_config(routes, shares, rates) if routes is not None else None
+            if w is None or len(w) < n:  # a config no part goes to is the smaller set's plan
                 continue
-            r, reps = got
-            better = r > rate * (1 + 1e-9) or (r >= rate * (1 - 1e-9) and len(reps) < len(replicas))
-            if better and (best is None or (r, -len(reps)) > (best[0], -best[1])):
-                best = (r, len(reps), cs, reps, why)
-        if best is None:
-            break
-        rate, _, current, replicas, why = best
-        notes.append(f"{why}: the mix on whole replicas {rate:,.0f} tok/s")
-    singles = []
-    for key in sorted({k for k, *_ in rates}):
-        work = work_per_config({p: key for p in shares}, shares, rates)
-        reps = size_replicas(work, fits) if work is not None else None
-        if reps is not None:
-            singles.append((key, mix_rate(work, reps), reps))
-    single = max(singles, key=lambda s: s[1], default=None)
-    # several configs must beat one by more than min_gain; one config must simply be beaten
-    if single is not None and set(replicas) != {single[0]} and (
-            single[1] * (1 + min_gain) >= rate if len(replicas) > 1 else single[1] > rate):
-        key, r, reps = single
-        config = next(m.config for m in measurements if m.engine_key == key)
-        figures = {b: _figures_of(measurements, key, c, primary_band) for b, c in current.items()}
-        if all(figures.values()):
-            current = {b: replace(c, primary_key=key, primary_config=config, cells=(), primary_figures=figures[b])
-                       for b, c in current.items()}
-            notes.append(f"one config everywhere: {name(key) or key} on {reps[key]} replica(s) makes {r:,.0f} tok/s "
-                         f"on the mix, the table's {len(replicas)} configs {rate:,.0f} (not more than {min_gain:.0%} "
-                         "better)")
-            rate, replicas = r, reps
-    return ServingPlan(choices=current, replicas=replicas, throughput=rate,
-                       single=(single[0], single[1]) if single else None, notes=tuple(notes))
+            replicas = size_replicas(w, fits)
+            if replicas is None:
+                continue
+            r = mix_rate(w, replicas)
+            if n == 1 and (single is None or r > single[1]):
+                single = (keys[0], r)
+            if best is None or r > best[0] * (1 + 1e-9):
+                best = (r, n, routes, replicas)
+    assert best is not None  # the table's own routes are one of the sets, or a subset of them fits
+    rate, _, routes, replicas = best
+    notes = []
+    if single is not None and len(replicas) > 1 and rate <= single[1] * (1 + min_gain):
+        key = single[0]
+        notes.append(f"one config everywhere: {name(key) or key} makes {single[1]:,.0f} tok/s on the mix, the best "
+                     f"set of several {rate:,.0f} (not more than {min_gain:.0%} better)")
+        routes = {p: key for p in shares}
+        replicas = size_replicas(work_per_config(routes, shares, rates), fits)
+        rate = single[1]
+    planned = _choices_from_routes(routes, measurements, choices, primary_band)
+    if set(replicas) != set(own_replicas) or planned != dict(choices):
+        dropped = sorted(table_keys - set(replicas))
+        notes.insert(0, f"as chosen per replica the table would make {own_rate:,.0f} tok/s on whole replicas, the "
+                        f"plan makes {rate:,.0f}"
+                        + (f" without {', '.join(name(k) or k for k in dropped)}" if dropped else ""))
+    return ServingPlan(choices=planned, replicas=replicas, throughput=rate, single=single, notes=tuple(notes))
 
 
-def _moves(choices: Mapping[str, BucketChoice], measurements: Sequence[CellMeasurement], primary_band: str,
-           name: Callable[[str], str | None]):
-    """Every table one step simpler than ``choices``: one cell dropped, or one bucket's primary handed to
-    another config the table runs; with why, for the notes."""
-    used = {c.primary_key: c.primary_config for c in choices.values()}
-    used.update({cell.engine_config().key(): cell.config for c in choices.values() for cell in c.cells})
+def _choices_from_routes(routes: Mapping[Part, str], measurements: Sequence[CellMeasurement],
+                         choices: Mapping[str, BucketChoice], primary_band: str) -> dict[str, BucketChoice]:
+    """Each bucket as ``routes`` serve it: the primary is the route on the bucket's primary cell (the
+    table's primary when the mix has no tokens there), and a cell wherever another (band, level) of the
+    mix goes elsewhere; unchanged buckets are returned as they were."""
+    by_key = {(m.engine_key, m.bucket, m.band, m.in_flight): m for m in measurements}
+    out = {}
     for b, c in choices.items():
-        for i, cell in enumerate(c.cells):
-            kept = replace(c, cells=c.cells[:i] + c.cells[i + 1:])
-            yield ({**choices, b: kept},
-                   f"{b} cell {cell.sampling or 'any'}@{cell.min_in_flight} "
-                   f"({name(cell.engine_config().key()) or cell.engine_config().key()}) dropped")
-        for key, config in used.items():
-            if key == c.primary_key:
+        mine = {(band, level): key for (bucket, band, level), key in routes.items() if bucket == b}
+        home = (primary_band, c.primary_figures.concurrency)
+        primary_key = mine.get(home, c.primary_key)
+        if all(key == c.key_for(band, level) for (band, level), key in mine.items()) and primary_key == c.primary_key:
+            out[b] = c
+            continue
+        m = by_key.get((primary_key, b, *home))
+        chosen = replace(c, primary_key=primary_key, cells=(),
+                         primary_config=m.config if m else c.primary_config,
+                         primary_figures=m.figures() if m else c.primary_figures)
+        lowest = min([level for _, level in mine] + [home[1]])
+        for (band, level), key in sorted(mine.items()):
+            if key == chosen.key_for(band, level):
                 continue
-            figures = _figures_of(measurements, key, c, primary_band)
-            if figures is None:
-                continue
-            cells = tuple(cell for cell in c.cells if cell.engine_config().key() != key)  # now the primary's own
-            yield ({**choices, b: replace(c, primary_key=key, primary_config=config, primary_figures=figures, cells=cells)},
-                   f"{b} primary {name(c.primary_key) or c.primary_key} -> {name(key) or key}")
-
-
-def _figures_of(measurements: Sequence[CellMeasurement], key: str, choice: BucketChoice, band: str):
-    """``key``'s figures where ``choice``'s primary was measured (``band`` at its figures' load)."""
-    for m in measurements:
-        if (m.engine_key, m.bucket, m.band, m.in_flight) == (key, choice.bucket, band, choice.primary_figures.concurrency):
-            return m.figures()
-    return None
+            cm, pm = by_key[(key, b, band, level)], by_key.get((primary_key, b, band, level))
+            chosen = replace(chosen, cells=(*chosen.cells, Cell(
+                sampling=band, min_in_flight=1 if level == lowest else level, config=dict(cm.config),
+                figures=cm.figures(), primary_figures=pm.figures() if pm else None)))
+        out[b] = chosen
+    return out

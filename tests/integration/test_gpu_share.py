@@ -12,6 +12,7 @@ import pytest
 
 from orchestrator.config import SHARED_GPU_HEADROOM, EngineConfig
 from orchestrator.errors import ConfigError
+from tests.waiting import wait_for
 from tuning.sweep import _parser, build_spec
 from tuning.sweep.actors import MEASURE, STARTUP, GpuLease, measure_lease, startup_lease
 from tuning.sweep.space import ROLE_STATIC
@@ -211,13 +212,6 @@ def _run(lease, mode: str, holder: str, gpu: str, log: list[tuple[str, str, floa
     return t
 
 
-def _wait_until(predicate, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.02)
-
-
 def _finishes(body: Callable[[], None], timeout_s: float = 20.0) -> None:
     """Run ``body`` in a thread: the test fails, rather than hangs, when a lease never comes."""
     errors: list[BaseException] = []
@@ -269,14 +263,16 @@ def test_a_measurement_waits_for_running_startups_and_holds_off_new_ones(ray_loc
     s1 = _run(lease, STARTUP, "s1", "n:0", log, entered=s1_in, leave=s1_leave)
     assert s1_in.wait(20)
     m = _run(lease, MEASURE, "m", "n:0", log, leave=m_leave)
-    _wait_until(lambda: ray_local.get(lease.waiting.remote()) == {"n:0": ["m"]})
+    wait_for("the measurement waiting for the lease", lambda: ray_local.get(lease.waiting.remote()) == {"n:0": ["m"]},
+             timeout_s=20, period_s=0.02)
     s2 = _run(lease, STARTUP, "s2", "n:0", log)  # comes after the measurement asked
     other_in = threading.Event()
     other = _run(lease, STARTUP, "other", "n:1", log, entered=other_in)
     assert other_in.wait(20), "a measurement waiting on GPU 0 held off a start-up on GPU 1"
     time.sleep(0.5)  # s2 and m poll meanwhile; neither may get in while s1 starts
     s1_leave.set()
-    _wait_until(lambda: any(h == "m" and w == "in" for h, w, _ in log))
+    wait_for("the measurement holding the lease", lambda: any(h == "m" and w == "in" for h, w, _ in log),
+             timeout_s=20, period_s=0.02)
     m_leave.set()
     for t in (s1, m, s2, other):
         t.join(timeout=30)

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.config import EngineConfig
-from tuning.cells import CellMeasurement, choose_cells, predict_mix
+from tuning.cells import CellMeasurement, choose_cells, part_rates, predict_mix
 from tuning.replicas import mix_rate, plan_serving, size_replicas, work_per_config
 
 
@@ -71,7 +71,7 @@ def test_a_cell_that_does_not_pay_for_its_replica_gives_way_to_one_config_everyw
     assert plan.replicas == {KEY[0]: 3} and plan.throughput == pytest.approx(3 / (0.5 / 80 + 0.5 / 100))
     c = plan.choices["le1024"]
     assert c.primary_key == KEY[0] and c.cells == () and c.primary_figures.output_throughput == pytest.approx(80)
-    assert plan.notes and all("le1024" in n or "one config everywhere" in n for n in plan.notes)  # says what changed
+    assert "would make 200 tok/s on whole replicas, the plan makes 267 without " + KEY[3] in plan.notes[0]
 
 
 def test_a_table_within_min_gain_of_the_best_single_config_is_served_as_that_config():
@@ -80,7 +80,7 @@ def test_a_table_within_min_gain_of_the_best_single_config_is_served_as_that_con
     assert _plan(shares, engines=4, min_gain=0.15).replicas == {KEY[0]: 4}  # but not 15 %
 
 
-def test_a_bucket_hands_its_primary_traffic_to_a_config_the_table_already_runs():
+def test_a_bucket_hands_its_primary_traffic_to_another_config():
     # Two buckets whose primaries differ by 2 %: one engine each starves the busy bucket, one config on
     # both engines serves the mix faster.
     measured = [_m(3, "greedy", 100, "le1024"), _m(0, "greedy", 98, "le1024"),
@@ -90,7 +90,7 @@ def test_a_bucket_hands_its_primary_traffic_to_a_config_the_table_already_runs()
     plan = plan_serving(measured, choices, {("le1024", "greedy"): 0.9, ("le4096", "greedy"): 0.1}, in_flight=64,
                         primary_band="greedy", fits=_engines(2))
     assert {b: c.primary_key for b, c in plan.choices.items()} == {"le1024": KEY[0], "le4096": KEY[0]}
-    assert plan.replicas == {KEY[0]: 2} and any("le1024 primary" in n for n in plan.notes)
+    assert plan.replicas == {KEY[0]: 2} and "without " + KEY[3] in plan.notes[0]
 
 
 def test_the_plan_needs_the_tables_configs_measured_and_one_replica_each_to_fit():
@@ -120,6 +120,13 @@ def test_the_plan_is_never_below_the_best_single_config_on_the_same_gpus(rates, 
               ("le4096", "greedy"): greedy / 2, ("le4096", "sampled"): (1 - greedy) / 2}
     plan = plan_serving(measured, choices, shares, in_flight=64, primary_band="greedy", fits=_engines(engines))
     assert plan.single is not None and plan.throughput >= plan.single[1] * (1 - 1e-9)
+    # never below the table as chosen, on whole replicas of the same pool
+    parts = {(b, band, 64): s for (b, band), s in shares.items()}
+    own = work_per_config({p: choices[p[0]].key_for(p[1], 64) for p in parts}, parts, part_rates(measured))
+    assert plan.throughput >= mix_rate(own, size_replicas(own, _engines(engines))) * (1 - 1e-9)
+    # and its rate is what its own choices make on its replicas
+    mine = work_per_config({p: plan.choices[p[0]].key_for(p[1], 64) for p in parts}, parts, part_rates(measured))
+    assert mix_rate(mine, plan.replicas) == pytest.approx(plan.throughput)
     assert sum(plan.replicas.values()) <= engines
     # the plan's replicas serve exactly the configs its choices route to
     routed = {c.key_for(band, 64) for c in plan.choices.values() for band in ("greedy", "sampled")}

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import table as routing
-from orchestrator.config import API_DEFAULT_TEMPERATURE, Backend, EngineConfig
+from orchestrator.config import API_DEFAULT_TEMPERATURE, EngineConfig
 from orchestrator.table import Provenance, RoutingTable
 from tuning.buckets import Bucket
 from tuning.results import CELL_MIN_GAIN, pick_best
@@ -72,12 +72,7 @@ def plan_replicas(table: RoutingTable, results: Any, buckets: Sequence[Bucket], 
     configs = {**{m.engine_key: EngineConfig.from_dict(m.config) for m in measured}, **table.distinct_configs()}
 
     def fits(replicas: Any) -> bool:
-        """One engine per replica on the budget's GPUs; a simulated engine counts as the ``tp`` GPUs it
-        stands for (it reserves none, so the budget alone would hold any number)."""
-        engines = [configs[k] for k, n in replicas.items() for _ in range(n)]
-        if any(c.backend is Backend.SIM for c in engines):
-            return sum(c.tp for c in engines) <= budget.gpus
-        return budget.fits(engines)
+        return budget.fits(configs[k] for k, n in replicas.items() for _ in range(n))
 
     choices = {b.name: BucketChoice(b.name, b.engine_config().key(), b.config, b.figures, b.cells)
                for b in table.buckets}
