@@ -99,9 +99,9 @@ def plan_serving(measurements: Sequence[CellMeasurement], choices: Mapping[str, 
     describes, for the mix ``token_shares`` x ``in_flight`` (as :func:`tuning.cells.predict_mix` takes them).
 
     Candidates are the table's configs and every config measured on every part of the mix. For each set
-    of at most :data:`MAX_CONFIGS` of them, every part goes to the table's own choice when the set has
-    it (the table chose beyond noise) and else to the set's fastest config there; replicas are sized on
-    the pool. The set with the highest rate on whole replicas wins (fewer configs at equal rates), and
+    of at most :data:`MAX_CONFIGS` of them, every part goes to the set's fastest config there, or to the
+    table's own choice when the set has it and the fastest does not beat it by more than ``min_gain``
+    (the table chose beyond noise); replicas are sized on the pool. The set with the highest rate on whole replicas wins (fewer configs at equal rates), and
     several configs are kept only when they beat the best single config on the whole pool by more than
     ``min_gain``. The winner is written back as each bucket's primary (its route on the primary cell)
     and cells where the route differs. ``primary_band``: the band the primaries were measured on;
@@ -133,7 +133,9 @@ def plan_serving(measurements: Sequence[CellMeasurement], choices: Mapping[str, 
             here = [k for k in keys if rates.get((k, *p))]
             if not here:
                 return None
-            out[p] = mine if mine in keys else max(here, key=lambda k: (rates[(k, *p)], k))
+            best = max(here, key=lambda k: (rates[(k, *p)], k))
+            kept = mine in keys and rates[(mine, *p)] * (1 + min_gain) >= rates[(best, *p)]
+            out[p] = mine if kept else best
         return out
 
     best: tuple[float, int, dict[Part, str], dict[str, int]] | None = None

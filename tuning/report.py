@@ -634,6 +634,15 @@ def render_html(run: SweepRun, images: dict[str, str]) -> str:
     parts.append(_html_table(routing_summary(run.table, run.results), {
         "output_throughput": "num", "accept_length": "acc", "tpot_ms_median": "acc",
         "gain_vs_mtp_off": "pct", "gain_vs_static": "pct"}))
+    budget = run.table.provenance.gpu_budget if run.table is not None else None
+    if budget is not None:
+        parts.append(f"<h2>Serving budget: {budget.gpus} GPU(s){' shared' if budget.share_gpu else ''}</h2>")
+        if budget.replicas:
+            configs = run.table.distinct_configs()
+            parts.append("<p>Replicas the deploy runs (sized by each config's share of the traffic's work): "
+                         + ", ".join(f"<code>{html.escape(configs[k].label())}</code> x{n}"
+                                     for k, n in budget.replicas.items()) + ".</p>")
+        parts.extend(f"<p class='note'>{html.escape(n)}</p>" for n in budget.notes)
     mixed = mixed_summary(run.table, run.results)
     if not mixed.empty:
         parts.append("<h2>Mixed workload: the table vs one config everywhere (predicted)</h2>"

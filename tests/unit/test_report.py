@@ -234,3 +234,16 @@ def test_published_table_matches_the_sim_profile():
         row = published[str(p.output_len)]
         assert row["on"] / row["off"] - 1 == pytest.approx(p.gain, abs=5e-5)
         assert row["accept_length"] == p.accept_length
+
+
+def test_the_page_shows_the_serving_budget_and_the_planned_replicas(sim_run):
+    from orchestrator.table import GpuBudget
+
+    run = report.load_run(sim_run)
+    assert "Serving budget" not in report.render_html(run, {})  # no --serve-gpus, no section
+    key, cfg = next(iter(run.table.distinct_configs().items()))
+    budget = GpuBudget(gpus=32, replicas={key: 4}, notes=("replicas planned on 32 GPU(s) for the traffic mix",))
+    planned = run.table.model_copy(update={"provenance": run.table.provenance.model_copy(update={"gpu_budget": budget})})
+    page = report.render_html(report.SweepRun(run_dir=None, results=run.results, table=planned), {})
+    assert "Serving budget: 32 GPU(s)" in page and f"{cfg.label()}</code> x4" in page
+    assert "replicas planned on 32 GPU(s) for the traffic mix" in page

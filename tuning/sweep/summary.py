@@ -42,11 +42,10 @@ def print_summary(outcome: SweepOutcome, *, console: Any = None, traffic: Any = 
                       _pct(r["gain_vs_mtp_off"]), _pct(r["gain_vs_static"]))
         console.print(t)
         console.print(serving_line(outcome.table, spec))
-        mixed = mixed_line(outcome.table, df)
-        if mixed:
-            console.print(mixed)
-        if traffic is not None:
+        if traffic is not None:  # the user's mix supersedes "each bucket's workload once"
             console.print(traffic_line(outcome.table, df, spec, traffic))
+        elif mixed := mixed_line(outcome.table, df):
+            console.print(mixed)
         for note in (budget.notes if budget else ()):
             console.print(f"  - {note}")
         if outcome.error:
