@@ -22,6 +22,14 @@ Rules, in order:
    tried (the primary first, then variants), then the nearest other bucket by position in the table
    (ties go to the larger bucket: its engine was configured for longer outputs). The decision then
    names the bucket it fell back from.
+5. **Capacity** — when the chosen deployment's live load has reached its engines' batch limit
+   (``max_batch_size``: a request beyond it waits in the engine's queue) and another deployment of the
+   table has a healthy replica with room, the request goes to the one with the most room relative to
+   its limit. Every engine of a table serves the same model, so any of them gives the same answer
+   (speculation keeps the target distribution); a cell's config is the fastest for its part of the
+   traffic, not the only one that can serve it, and a request waiting behind a full batch loses more
+   than a config that is a few per cent slower for it. Deployments without a batch limit
+   (``max_batch_size`` unset: the engine chooses) neither spill nor take spilled requests.
 """
 from __future__ import annotations
 
@@ -34,6 +42,7 @@ from orchestrator.table import BucketRoute, RoutingTable
 __all__ = [
     "NoHealthyDeploymentError",
     "RouteDecision",
+    "batch_limits",
     "bucket_deployments",
     "choose_route",
     "deployment_name",
@@ -56,7 +65,8 @@ class RouteDecision:
             scheme for deployments does not change what the metrics call the config).
         fallback_from: name of the bucket the request *should* have gone to when health forced a
             different deployment, else ``None``.
-        reason: short machine-readable explanation: ``bucket``, ``cell:BAND@N``, ``load>=N``, ``fallback:...``.
+        reason: short machine-readable explanation: ``bucket``, ``cell:BAND@N``, ``load>=N``, ``fallback:...``,
+            ``spill:DEPLOYMENT-full``.
         cell: the cell that chose the config (``BAND@N``), or ``primary`` for the bucket's own config or a
             load variant.
     """
@@ -138,6 +148,9 @@ def choose_route(
     band_name = band.name if band is not None else None
     deployment, reason, cell = _by_cell_or_load(wanted, band_name, live_load)
     if is_healthy(deployment):
+        roomier = _with_room(table, deployment, live_load, is_healthy)
+        if roomier is not None:
+            return RouteDecision(wanted.name, roomier, roomier, None, f"spill:{deployment}-full", cell)
         return RouteDecision(wanted.name, deployment, deployment, None, reason, cell)
 
     # Same bucket, another of its configs (primary first, then variants).
@@ -166,6 +179,34 @@ def choose_route(
         f"no healthy engine deployment for any bucket (wanted bucket {wanted.name!r}); "
         "check `serve status` and the replicas' engine logs"
     )
+
+
+_LIMITS: dict[int, tuple[RoutingTable, dict[str, int | None]]] = {}
+"""id(table) -> (table, deployment -> batch limit), memoised like :data:`_MEMO`."""
+
+
+def batch_limits(table: RoutingTable) -> dict[str, int | None]:
+    """Deployment -> its engines' ``max_batch_size`` (``None``: the engine chooses) for every config of
+    the table."""
+    hit = _LIMITS.get(id(table))
+    if hit is not None and hit[0] is table:
+        return hit[1]
+    out = {deployment_name(k): c.max_batch_size for k, c in table.distinct_configs().items()}
+    if len(_LIMITS) > 64:
+        _LIMITS.clear()
+    _LIMITS[id(table)] = (table, out)
+    return out
+
+
+def _with_room(table: RoutingTable, chosen: str, live_load: Mapping[str, float], is_healthy) -> str | None:
+    """Another healthy deployment with room when ``chosen`` is at its batch limit (rule 5), else ``None``."""
+    limits = batch_limits(table)
+    limit = limits.get(chosen)
+    if limit is None or float(live_load.get(chosen, 0.0)) < limit:
+        return None
+    room = [(float(live_load.get(name, 0.0)) / cap, name) for name, cap in limits.items()
+            if name != chosen and cap is not None and float(live_load.get(name, 0.0)) < cap and is_healthy(name)]
+    return min(room)[1] if room else None
 
 
 def _by_cell_or_load(bucket: BucketRoute, band: str | None, live_load: Mapping[str, float]) -> tuple[str, str, str]:

@@ -274,3 +274,52 @@ def test_a_cell_route_is_always_one_of_the_buckets_configs(temperature, load, ma
     d = choose_route(max_tokens, t, {MTP4: load, MTP3: load}, temperature=temperature)
     bucket = t.bucket(d.bucket)
     assert d.deployment in {c.key() for c in [bucket.engine_config(), *(c.engine_config() for c in bucket.cells)]}
+
+
+def _limited_table() -> routing.RoutingTable:
+    """le1024 on MTP off (batch limit 64), le4096 on MTP-3 (64), le16384 on MTP-4 (128), le65536 on MTP-1
+    (no limit: the engine chooses)."""
+    def bucket(name, bound, cfg):
+        return {"name": name, "max_output_len": bound, "config": cfg, "figures": {"output_throughput": 1.0}}
+
+    return routing.parse({
+        "provenance": {"model": MODEL, "gpu_type": "none", "gpu_count": 0, "sweep_id": "t",
+                       "created_at": utc_now_iso(), "simulated": True},
+        "buckets": [bucket("le1024", 1024, _cfg(0, 64)), bucket("le4096", 4096, _cfg(3, 64)),
+                    bucket("le16384", 16384, _cfg(4, 128)), bucket("le65536", 65536, _cfg(1))]})
+
+
+OFF64, MTP3_64, MTP4_128, MTP1_AUTO = _key(_cfg(0, 64)), _key(_cfg(3, 64)), _key(_cfg(4, 128)), _key(_cfg(1))
+
+
+def test_a_request_for_a_full_engine_spills_to_the_one_with_most_room():
+    table = _limited_table()
+    below = choose_route(1000, table, {OFF64: 63, MTP3_64: 10})
+    assert (below.deployment, below.reason) == (OFF64, "bucket")  # room for one more: no spill
+    full = choose_route(1000, table, {OFF64: 64, MTP3_64: 40, MTP4_128: 64})
+    # MTP-4 has 64 of 128 taken (half), MTP-3 40 of 64 (62 %): the most room relative to the limit wins
+    assert (full.bucket, full.deployment, full.reason) == ("le1024", MTP4_128, f"spill:{OFF64}-full")
+    assert full.fallback_from is None and full.cell == "primary"
+    assert choose_route(1000, table, {OFF64: 64, MTP3_64: 40, MTP4_128: 100}).deployment == MTP3_64
+    assert choose_route(1000, table, {OFF64: 64, MTP3_64: 20}, healthy={OFF64, MTP4_128}).deployment == MTP4_128
+
+
+def test_nobody_with_room_or_no_batch_limit_means_no_spill():
+    table = _limited_table()
+    everyone_full = {OFF64: 70, MTP3_64: 64, MTP4_128: 128, MTP1_AUTO: 0}
+    assert choose_route(1000, table, everyone_full).deployment == OFF64  # MTP-1's engine chooses: no known room
+    assert choose_route(10**5, table, {MTP1_AUTO: 10**4}).deployment == MTP1_AUTO  # no limit of its own
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(max_tokens=st.integers(1, 70000),
+       loads=st.dictionaries(st.sampled_from([OFF64, MTP3_64, MTP4_128, MTP1_AUTO]), st.integers(0, 200)),
+       healthy=st.sets(st.sampled_from([OFF64, MTP3_64, MTP4_128, MTP1_AUTO]), min_size=1))
+def test_a_spill_goes_only_to_a_healthy_engine_with_room(max_tokens, loads, healthy):
+    d = choose_route(max_tokens, _limited_table(), loads, healthy)
+    assert d.deployment in healthy
+    limits = {OFF64: 64, MTP3_64: 64, MTP4_128: 128}
+    if d.reason.startswith("spill:"):
+        assert d.deployment in limits and loads.get(d.deployment, 0) < limits[d.deployment]
+        full = d.reason.removeprefix("spill:").removesuffix("-full")
+        assert loads.get(full, 0) >= limits[full]
