@@ -10,16 +10,23 @@ behind is recorded and left out of every figure, and a round with such a drive g
 
 Apps (one Ray, one Serve; all deployed before the first drive, each at its own route prefix):
 
-- ``table``: the routing table as the sweep committed it (one engine per distinct config);
-- ``table-cells-at-any-load`` (``--fixed-cells``): the same table with each cell measured at the
-  bucket's primary concurrency made to hold from one request in flight; the sweep writes such a cell
-  with ``min_in_flight`` = the measured concurrency, so the router uses it only while the primary has
-  that many requests in flight per replica (a sweep bug, reported, not fixed here);
-- ``single-<config>``: one config for every request, on as many replicas as the table has engines.
+- ``table``: the routing table as the sweep committed it, on the replicas it planned for its GPU budget
+  (``--serve-gpus``: ``provenance.gpu_budget.replicas``), else one engine per distinct config;
+- ``table-cells-at-any-load`` (``--fixed-cells``, for tables from before the sweep wrote a cell found
+  at the bucket's lowest measured load with ``min_in_flight`` 1): the same table with such cells
+  holding from one request in flight;
+- ``single-<config>``: one config for every request, on as many replicas as the table runs in all;
+  the candidates are the table's configs, and with ``--sweep-dir`` every config the sweep measured.
 
-    python benchmarks/mixed_payoff.py --time-scale 2 --rounds 3 --other-mixes chat-heavy --other-rounds 2 \
-        --out-dir benchmarks/results --name mixed_payoff_sim_2026-12-01      # ~22 min on 2 shared cores
-    python benchmarks/mixed_payoff.py --render benchmarks/results/mixed_payoff_sim_2026-12-01.json   # tables
+    python -m tuning.sweep --buckets 1024,4096,8192 --temperatures 0,0.8 --concurrency 16,64 --backends pytorch \
+        --memory-fraction 0.9 --num-draft-tokens 1,2,3,4 --serve-gpus 16 --run-dir /tmp/mp/sweep \
+        --traffic-mix benchmarks/results/mixed_payoff_sim_2026-12-01_mix.yaml
+    python benchmarks/mixed_payoff.py --table /tmp/mp/sweep/routing_table.json --sweep-dir /tmp/mp/sweep \
+        --levels 16,32,64 --time-scale 1 --rounds 3 --other-mixes "" --name mixed_payoff_sim_<date>  # ~32 min, 2 cores
+    python benchmarks/mixed_payoff.py --render benchmarks/results/mixed_payoff_sim_<date>.json   # tables
+
+Two shared cores keep two simulated engines per app on schedule at 64 in flight each (time scale 1);
+four engines per app fell behind (see the results' *Faithfulness*).
 """
 from __future__ import annotations
 
@@ -82,28 +89,41 @@ def cells_at_any_load(table_data: dict[str, Any]) -> dict[str, Any]:
 
 def single_table(table_data: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     """A one-bucket table serving every request (up to the table's longest bucket) with ``config``."""
-    prov = dict(table_data["provenance"])
+    prov = {k: v for k, v in table_data["provenance"].items() if k != "gpu_budget"}
     return {"provenance": prov, "default_max_tokens": table_data.get("default_max_tokens", 1024),
             "buckets": [{"name": "all", "max_output_len": max(b["max_output_len"] for b in table_data["buckets"]),
                          "config": config, "figures": {"output_throughput": 1.0}}]}
 
 
-def engine_urls(app: str, keys: list[str], replicas: int) -> list[str]:
-    """Every engine replica's URL of ``app`` (a handle reaches one replica per call: ask until all answered)."""
+def engine_urls(app: str, replicas: dict[str, int]) -> list[str]:
+    """Every engine replica's URL of ``app`` (``replicas``: engine key -> replicas; a handle reaches one
+    replica per call: ask until all answered)."""
     from ray import serve
 
     urls: set[str] = set()
-    for key in keys:
+    for key, n in replicas.items():
         h = serve.get_deployment_handle(key, app_name=app)
         seen: set[str] = set()
-        for _ in range(50 * replicas):
+        for _ in range(50 * n):
             seen.add(h.engine_info.remote().result(timeout_s=60)["base_url"])
-            if len(seen) == replicas:
+            if len(seen) == n:
                 break
-        if len(seen) < replicas:
-            raise RuntimeError(f"{app}/{key}: found {len(seen)} of {replicas} engine replicas")
+        if len(seen) < n:
+            raise RuntimeError(f"{app}/{key}: found {len(seen)} of {n} engine replicas")
         urls |= seen
     return sorted(urls)
+
+
+def measured_configs(sweep_dir: str | Path) -> dict[str, dict[str, Any]]:
+    """Engine key -> config of every config a sweep measured successfully (its ``results.parquet``)."""
+    import pandas as pd
+
+    from orchestrator.config import EngineConfig
+    from tuning.results import STATUS_OK, config_of_row
+
+    df = pd.read_parquet(Path(sweep_dir) / "results.parquet")
+    rows = df[df["status"] == STATUS_OK].to_dict("records")
+    return {EngineConfig.from_dict(config_of_row(r)).key(): config_of_row(r) for r in rows}
 
 
 async def _counters(urls: list[str]) -> dict[str, dict[str, float]]:
@@ -250,7 +270,9 @@ def main(argv: list[str] | None = None) -> int:
                         "simulate on schedule; the sweep measured at 64)")
     p.add_argument("--apps", default=None, help="comma-separated app names to drive (default: all)")
     p.add_argument("--retries", type=int, default=1, help="drives again whose engines fell behind, up to this often")
-    p.add_argument("--fixed-cells", action=argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--sweep-dir", default=None, help="the sweep's run dir: every config it measured is a single-config "
+                   "candidate (default: the table's configs only)")
+    p.add_argument("--fixed-cells", action=argparse.BooleanOptionalAction, default=False,
                    help="also serve the table with its cells holding at any load (see above)")
     p.add_argument("--renice", action=argparse.BooleanOptionalAction, default=True,
                    help="run this script's Ray workers and engines at niceness 0 (Ray starts them at 15)")
@@ -291,12 +313,15 @@ def main(argv: list[str] | None = None) -> int:
     table_data = json.loads(Path(a.table).read_text())
     table = routing.parse(table_data)
     configs = {k: c.to_dict() for k, c in table.distinct_configs().items()}
-    n = len(configs)
-    apps: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {"table": (table_data, {})}
+    planned = dict(table.provenance.gpu_budget.replicas) if table.provenance.gpu_budget else {}
+    table_replicas = planned or {k: 1 for k in configs}
+    n = sum(table_replicas.values())
+    apps: dict[str, tuple[dict[str, Any], dict[str, int]]] = {"table": (table_data, table_replicas)}
     if a.fixed_cells:
-        apps["table-cells-at-any-load"] = (cells_at_any_load(table_data), {})
-    for key, cfg in configs.items():
-        apps[f"single-{key}"] = (single_table(table_data, cfg), {key: {"num_replicas": n}})
+        apps["table-cells-at-any-load"] = (cells_at_any_load(table_data), table_replicas)
+    singles = {**configs, **(measured_configs(a.sweep_dir) if a.sweep_dir else {})}
+    for key, cfg in singles.items():
+        apps[f"single-{key}"] = (single_table(table_data, cfg), {key: n})
     mixes: dict[str, TrafficMix] = {"stated": load_mix(a.mix)}
     for name in filter(None, a.other_mixes.split(",")):
         mixes[name] = TrafficMix.model_validate(OTHER_MIXES[name])
@@ -336,18 +361,18 @@ def main(argv: list[str] | None = None) -> int:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         urls: dict[str, list[str]] = {}
         bases: dict[str, str] = {}
-        for name, (data, scaling) in apps.items():
+        for name, (data, replicas) in apps.items():
             path = work / f"{name}.json"
             if path.exists():
                 path.unlink()
             routing.commit(data, path)
+            scaling = {k: {"num_replicas": r} for k, r in replicas.items()}
             deploy({"routing_table": str(path), "sim_time_scale": a.time_scale, "scaling": scaling,
                     "engine": {"num_cpus": 0, "log_dir": str(work / "engine-logs" / name), "health_check_period_s": 30,
                                "health_check_timeout_s": 60, "metrics_poll_s": 60, "graceful_shutdown_timeout_s": 5},
                     "router": {"num_cpus": 0, "graceful_shutdown_timeout_s": 5, "status_refresh_s": 30}},
                    app_name=name, route_prefix=f"/{name}")
-            urls[name] = engine_urls(name, sorted(routing.parse(data).distinct_configs()),
-                                     n if scaling else 1)
+            urls[name] = engine_urls(name, replicas)
             ingress = direct_ingress_urls(name) if a.direct_ingress else []
             bases[name] = ingress[0].removesuffix("/v1") if ingress else f"http://127.0.0.1:{port}/{name}"
             log(f"deployed {name}: {len(urls[name])} engines, router at {bases[name]}")
