@@ -101,7 +101,8 @@ def plan_serving(measurements: Sequence[CellMeasurement], choices: Mapping[str, 
     Candidates are the table's configs and every config measured on every part of the mix. For each set
     of at most :data:`MAX_CONFIGS` of them, every part goes to the set's fastest config there, or to the
     table's own choice when the set has it and the fastest does not beat it by more than ``min_gain``
-    (the table chose beyond noise); replicas are sized on the pool. The set with the highest rate on whole replicas wins (fewer configs at equal rates), and
+    (the table chose beyond noise); replicas are sized on the pool. The set with the highest rate on
+    whole replicas wins (fewer configs at equal rates; the table as chosen when no set beats it), and
     several configs are kept only when they beat the best single config on the whole pool by more than
     ``min_gain``. The winner is written back as each bucket's primary (its route on the primary cell)
     and cells where the route differs. ``primary_band``: the band the primaries were measured on;
@@ -138,7 +139,7 @@ def plan_serving(measurements: Sequence[CellMeasurement], choices: Mapping[str, 
             out[p] = mine if kept else best
         return out
 
-    best: tuple[float, int, dict[Part, str], dict[str, int]] | None = None
+    best = (own_rate, len(work), own, own_replicas)  # the table as chosen: the search only improves on it
     single: tuple[str, float] | None = None
     for n in range(1, min(MAX_CONFIGS, len(candidates)) + 1):
         for keys in combinations(candidates, n):
@@ -152,9 +153,8 @@ def plan_serving(measurements: Sequence[CellMeasurement], choices: Mapping[str, 
             r = mix_rate(w, replicas)
             if n == 1 and (single is None or r > single[1]):
                 single = (keys[0], r)
-            if best is None or r > best[0] * (1 + 1e-9):
+            if r > best[0] * (1 + 1e-9) or (r >= best[0] * (1 - 1e-9) and n < best[1]):
                 best = (r, n, routes, replicas)
-    assert best is not None  # the table's own routes are one of the sets, or a subset of them fits
     rate, _, routes, replicas = best
     notes = []
     if single is not None and len(replicas) > 1 and rate <= single[1] * (1 + min_gain):

@@ -131,3 +131,14 @@ def test_the_plan_is_never_below_the_best_single_config_on_the_same_gpus(rates, 
     # the plan's replicas serve exactly the configs its choices route to
     routed = {c.key_for(band, 64) for c in plan.choices.values() for band in ("greedy", "sampled")}
     assert routed == set(plan.replicas)
+
+
+def test_a_table_of_more_configs_than_the_search_tries_is_kept_when_nothing_beats_it():
+    # five buckets, each measured on its own config only: no set of at most four covers the mix
+    measured = [CellMeasurement(config=_cfg(d) | {"max_batch_size": 8 * (i + 1)}, bucket=f"b{i}", band="greedy",
+                                in_flight=64, throughputs=(100.0,)) for i, d in enumerate((0, 1, 2, 3, 4))]
+    choices = choose_cells(measured, primary_band="greedy", primary_in_flight=64)
+    plan = plan_serving(measured, choices, {(f"b{i}", "greedy"): 0.2 for i in range(5)}, in_flight=64,
+                        primary_band="greedy", fits=_engines(5))
+    assert plan.choices == choices and set(plan.replicas.values()) == {1} and len(plan.replicas) == 5
+    assert plan.throughput == pytest.approx(500) and plan.single is None and not plan.notes
