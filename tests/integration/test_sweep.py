@@ -378,7 +378,9 @@ def test_a_temperature_sweep_gives_sampled_traffic_its_own_cell(tmp_path):
     primary = bucket.engine_config().key()
     assert choose_route(1000, table, {primary: 64}, temperature=0.8).deployment == cell.engine_config().key()
     assert choose_route(1000, table, {primary: 3}, temperature=0.8).deployment == cell.engine_config().key()
-    assert choose_route(1000, table, {primary: 64}, temperature=0.0).deployment == primary
+    assert choose_route(1000, table, {primary: 63}, temperature=0.0).deployment == primary
+    # at its batch limit (64) the primary's greedy requests spill to the engine with room (policy rule 5)
+    assert choose_route(1000, table, {primary: 64}, temperature=0.0).reason == f"spill:{primary}-full"
 
     # The summary's traffic-mix line: half greedy, half sampled tokens, served by the table (primary +
     # cell) against the best single config everywhere, over the cells this sweep measured.
