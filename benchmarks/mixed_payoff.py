@@ -118,12 +118,10 @@ def measured_configs(sweep_dir: str | Path) -> dict[str, dict[str, Any]]:
     """Engine key -> config of every config a sweep measured successfully (its ``results.parquet``)."""
     import pandas as pd
 
-    from orchestrator.config import EngineConfig
     from tuning.results import STATUS_OK, config_of_row
 
     df = pd.read_parquet(Path(sweep_dir) / "results.parquet")
-    rows = df[df["status"] == STATUS_OK].to_dict("records")
-    return {EngineConfig.from_dict(config_of_row(r)).key(): config_of_row(r) for r in rows}
+    return {str(r["engine_key"]): config_of_row(r) for r in df[df["status"] == STATUS_OK].to_dict("records")}
 
 
 async def _counters(urls: list[str]) -> dict[str, dict[str, float]]:

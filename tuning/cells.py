@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.config import EngineConfig
-from orchestrator.table import BucketFigures, Cell, select_cell
+from orchestrator.table import BucketFigures, BucketRoute, Cell, select_cell
 from tuning.mixed import MixedPrediction, mixed_throughput
 from tuning.stats import mean_confidence_interval
 
@@ -58,6 +58,11 @@ class BucketChoice:
     primary_figures: BucketFigures
     cells: tuple[Cell, ...] = ()
     notes: tuple[str, ...] = ()
+
+    @classmethod
+    def of_route(cls, route: BucketRoute) -> BucketChoice:
+        """A routing table's bucket as a choice (its primary and cells)."""
+        return cls(route.name, route.engine_config().key(), route.config, route.figures, route.cells)
 
     def key_for(self, band: str, in_flight: int) -> str:
         """The engine key that serves ``band`` at ``in_flight`` under this choice."""

@@ -110,7 +110,11 @@ def plan_serving(measurements: Sequence[CellMeasurement], choices: Mapping[str, 
     measured on a part of the mix or one replica of each does not fit."""
     shares = mix_parts(token_shares, in_flight)
     rates = part_rates(measurements)
-    name = dict(labels or {}).get
+    labels = dict(labels or {})
+
+    def name(key: str) -> str:
+        return labels.get(key, key)
+
     missing = sorted({b for b, _, _ in shares} - set(choices))
     if missing:
         raise ValueError(f"no choice for bucket(s) of the mix: {missing}")
@@ -159,7 +163,7 @@ def plan_serving(measurements: Sequence[CellMeasurement], choices: Mapping[str, 
     notes = []
     if single is not None and len(replicas) > 1 and rate <= single[1] * (1 + min_gain):
         key = single[0]
-        notes.append(f"one config everywhere: {name(key) or key} makes {single[1]:,.0f} tok/s on the mix, the best "
+        notes.append(f"one config everywhere: {name(key)} makes {single[1]:,.0f} tok/s on the mix, the best "
                      f"set of several {rate:,.0f} (not more than {min_gain:.0%} better)")
         routes = {p: key for p in shares}
         replicas = size_replicas(work_per_config(routes, shares, rates), fits)
@@ -169,7 +173,7 @@ def plan_serving(measurements: Sequence[CellMeasurement], choices: Mapping[str, 
         dropped = sorted(table_keys - set(replicas))
         notes.insert(0, f"as chosen per replica the table would make {own_rate:,.0f} tok/s on whole replicas, the "
                         f"plan makes {rate:,.0f}"
-                        + (f" without {', '.join(name(k) or k for k in dropped)}" if dropped else ""))
+                        + (f" without {', '.join(name(k) for k in dropped)}" if dropped else ""))
     return ServingPlan(choices=planned, replicas=replicas, throughput=rate, single=single, notes=tuple(notes))
 
 

@@ -44,6 +44,7 @@ __all__ = [
     "STATUS_FAILED",
     "cell_measurements",
     "commit_table",
+    "gains_over",
     "config_of_row",
     "failed_rows",
     "pick_best",
@@ -377,6 +378,12 @@ def _describe(row: Mapping[str, Any]) -> str:
     return f"{row['engine_label']} ({float(row['output_throughput']):,.0f} tok/s)"
 
 
+def gains_over(figures: BucketFigures, baselines: Mapping[str, BucketFigures]) -> dict[str, float]:
+    """Relative output-throughput gain of ``figures`` over each baseline (0.15 = +15 %)."""
+    return {k: figures.output_throughput / v.output_throughput - 1.0
+            for k, v in baselines.items() if v.output_throughput > 0}
+
+
 #: A cell's config must beat the one it replaces by more than this (the noise floor of figures measured
 #: once, whose confidence intervals have no width); the replica plan holds several configs to it too.
 CELL_MIN_GAIN = 0.03
@@ -462,8 +469,7 @@ def pick_best(
     routes = []
     for (b, baselines, _, at_bucket), row in zip(found, chosen):
         figures = _figures(row)
-        gains = {k: figures.output_throughput / v.output_throughput - 1.0
-                 for k, v in baselines.items() if v.output_throughput > 0}
+        gains = gains_over(figures, baselines)
         variants = []
         cells: tuple[Cell, ...] = ()
         if len(b.temperatures) > 1:

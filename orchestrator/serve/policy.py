@@ -33,8 +33,9 @@ Rules, in order:
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from orchestrator.errors import OrchestratorError
 from orchestrator.table import BucketRoute, RoutingTable
@@ -48,6 +49,9 @@ __all__ = [
     "deployment_name",
     "requested_max_tokens",
 ]
+
+
+T = TypeVar("T")
 
 
 class NoHealthyDeploymentError(OrchestratorError, RuntimeError):
@@ -89,24 +93,29 @@ def deployment_name(config_key: str) -> str:
     return config_key
 
 
-_MEMO: dict[int, tuple[BucketRoute, tuple[tuple[str, int], ...]]] = {}
-"""id(bucket) -> (bucket, deployments): config keys hash canonical JSON, too slow to redo per request.
-The bucket is kept in the value so its id cannot be reused while cached; buckets are immutable."""
+_MEMO: dict[int, tuple[object, object]] = {}
+"""id(obj) -> (obj, value) for :func:`_memoised`: config keys hash canonical JSON, too slow to redo per
+request. The object is kept in the value so its id cannot be reused while cached; tables and buckets
+are immutable."""
+
+
+def _memoised(obj: object, compute: Callable[[], T]) -> T:
+    hit = _MEMO.get(id(obj))
+    if hit is not None and hit[0] is obj:
+        return hit[1]  # type: ignore[return-value]
+    value = compute()
+    if len(_MEMO) > 4096:  # tables are few; bound the memo anyway
+        _MEMO.clear()
+    _MEMO[id(obj)] = (obj, value)
+    return value
 
 
 def bucket_deployments(bucket: BucketRoute) -> tuple[tuple[str, int], ...]:
     """``((deployment, min_concurrency), ...)`` of a bucket: primary (threshold 0), its load variants,
     then its cells (their load level; the band is decided in :func:`choose_route`)."""
-    hit = _MEMO.get(id(bucket))
-    if hit is not None and hit[0] is bucket:
-        return hit[1]
-    out = ((deployment_name(bucket.engine_config().key()), 0),) + tuple(
+    return _memoised(bucket, lambda: ((deployment_name(bucket.engine_config().key()), 0),) + tuple(
         (deployment_name(v.engine_config().key()), v.min_concurrency) for v in bucket.load_variants
-    ) + tuple((deployment_name(c.engine_config().key()), c.min_in_flight) for c in bucket.cells)
-    if len(_MEMO) > 4096:  # tables are few; bound the memo anyway
-        _MEMO.clear()
-    _MEMO[id(bucket)] = (bucket, out)
-    return out
+    ) + tuple((deployment_name(c.engine_config().key()), c.min_in_flight) for c in bucket.cells))
 
 
 def requested_max_tokens(max_tokens: int | None, max_completion_tokens: int | None) -> int | None:
@@ -181,21 +190,10 @@ def choose_route(
     )
 
 
-_LIMITS: dict[int, tuple[RoutingTable, dict[str, int | None]]] = {}
-"""id(table) -> (table, deployment -> batch limit), memoised like :data:`_MEMO`."""
-
-
 def batch_limits(table: RoutingTable) -> dict[str, int | None]:
     """Deployment -> its engines' ``max_batch_size`` (``None``: the engine chooses) for every config of
     the table."""
-    hit = _LIMITS.get(id(table))
-    if hit is not None and hit[0] is table:
-        return hit[1]
-    out = {deployment_name(k): c.max_batch_size for k, c in table.distinct_configs().items()}
-    if len(_LIMITS) > 64:
-        _LIMITS.clear()
-    _LIMITS[id(table)] = (table, out)
-    return out
+    return _memoised(table, lambda: {deployment_name(k): c.max_batch_size for k, c in table.distinct_configs().items()})
 
 
 def _with_room(table: RoutingTable, chosen: str, live_load: Mapping[str, float], is_healthy) -> str | None:

@@ -15,7 +15,7 @@ from orchestrator import table as routing
 from orchestrator.config import API_DEFAULT_TEMPERATURE, EngineConfig
 from orchestrator.table import Provenance, RoutingTable
 from tuning.buckets import Bucket
-from tuning.results import CELL_MIN_GAIN, pick_best
+from tuning.results import CELL_MIN_GAIN, gains_over, pick_best
 from tuning.sweep.spec import SweepSpec
 
 __all__ = ["choose_table", "commit_table", "plan_replicas", "table_targets"]
@@ -74,8 +74,7 @@ def plan_replicas(table: RoutingTable, results: Any, buckets: Sequence[Bucket], 
     def fits(replicas: Any) -> bool:
         return budget.fits(configs[k] for k, n in replicas.items() for _ in range(n))
 
-    choices = {b.name: BucketChoice(b.name, b.engine_config().key(), b.config, b.figures, b.cells)
-               for b in table.buckets}
+    choices = {b.name: BucketChoice.of_route(b) for b in table.buckets}
     try:
         plan = plan_serving(measured, choices, shares, in_flight={level: 1.0 for level in levels},
                             primary_band=primary_band.name if primary_band else "greedy", fits=fits,
@@ -89,8 +88,7 @@ def plan_replicas(table: RoutingTable, results: Any, buckets: Sequence[Bucket], 
         if c.primary_key != b.engine_config().key():
             figures = c.primary_figures
             update |= {"config": dict(c.primary_config), "figures": figures,
-                       "gains": {k: figures.output_throughput / v.output_throughput - 1.0
-                                 for k, v in b.baselines.items() if v.output_throughput > 0}}
+                       "gains": gains_over(figures, b.baselines)}
         buckets.append(b.model_copy(update=update))
     single = (f"; the best single config on them {plan.single[1]:,.0f} ({plan.ratio:.2f}x)" if plan.single else "")
     summary = (f"replicas planned on {budget.gpus} GPU(s) for {mix} over load levels {'/'.join(map(str, levels))}: "

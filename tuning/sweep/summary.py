@@ -125,8 +125,7 @@ def traffic_line(table: RoutingTable, results: Any, spec: SweepSpec, traffic: An
     from tuning.results import cell_measurements
 
     measured = [m for b in spec.buckets for m in cell_measurements(results, b)]
-    choices = {b.name: BucketChoice(b.name, b.engine_config().key(), b.config, b.figures, b.cells)
-               for b in table.buckets}
+    choices = {b.name: BucketChoice.of_route(b) for b in table.buckets}
     primaries = {b.primary_concurrency for b in spec.buckets}
     levels = sorted({m.in_flight for m in measured})
     shares = traffic.cell_shares(table, by="tokens")
