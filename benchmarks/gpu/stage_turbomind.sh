@@ -10,6 +10,10 @@
 #     (docs/turbomind.md).
 # t1 holds LMDeploy, the libraries and what training needs (fla), so call 1 can check that TurboMind
 # loads and start training while t2 (TileLang and z3, 56 MiB) travels.
+# A third part, .stage/r1 (~52 MiB), carries Ray Serve for serving a table on the device: Ray's wheel
+# LZMA-recompressed without its Java jar (ray_dist.jar, 31 MiB compressed, used only by Ray's Java API)
+# and the dashboard's source map, plus Ray's runtime needs from .stage/dl4 (not Optuna's database
+# stack, not py-spy: serving needs neither).
 #   bash benchmarks/gpu/stage_turbomind.sh           # LZMA takes minutes of one core (cached in .stage/lz)
 # Device calls: benchmarks/gpu/turbomind_device.sh (t1, t2, measure).
 set -euo pipefail
@@ -23,12 +27,13 @@ python3 -m pip download -q $P --platform manylinux2014_x86_64 -d $S/dltm nvidia-
   | grep -v "^WARNING" || true
 
 mkdir -p $S/lz
-for w in $S/dl/lmdeploy-0.18.0-*.whl $S/dl/tilelang-*.whl $S/dl/z3_solver-*.whl; do
+for w in $S/dl/lmdeploy-0.18.0-*.whl $S/dl/tilelang-*.whl $S/dl/z3_solver-*.whl $S/dl/ray-2.60.0-*.whl; do
   [ -f "$S/lz/$(basename "$w")" ] || nice python3 "$HERE/lzma_wheel.py" "$w" $S/lz \
-    --drop lmdeploy/turbomind/lib64/libxgrammar.a
+    --drop lmdeploy/turbomind/lib64/libxgrammar.a --drop ray/jars/ray_dist.jar \
+    --drop ray/dashboard/client/build/static/js/main.84605326.js.map
 done
 
-rm -rf $S/t1 $S/t2 && mkdir -p $S/t1/turbomind-lib $S/t2
+rm -rf $S/t1 $S/t2 $S/r1 && mkdir -p $S/t1/turbomind-lib $S/t2 $S/r1
 unzip -q -j -o $S/dltm/nvidia_cuda_runtime_cu12-12.9.79-*.whl 'nvidia/cuda_runtime/lib/libcudart.so.12' -d $S/t1/turbomind-lib
 bash "$HERE/turbomind/build_shim.sh" $S/t1/turbomind-lib
 cp $S/lz/lmdeploy-0.18.0-*.whl $S/t1/
@@ -39,5 +44,12 @@ for f in $S/q1/*.whl $S/q2/*.whl; do
     *) cp "$f" $S/t1/ ;;
   esac
 done
-cp $S/q1/install_part.sh $S/t1/ && cp $S/q1/install_part.sh $S/t2/
-du -sh $S/t1 $S/t2
+cp $S/lz/ray-2.60.0-*.whl $S/r1/
+for f in $S/dl4/*.whl; do
+  case $(basename "$f") in
+    sqlalchemy-*|alembic-*|mako-*|py_spy-*) ;;
+    *) cp "$f" $S/r1/ ;;
+  esac
+done
+for d in t1 t2 r1; do cp $S/q1/install_part.sh $S/$d/; done
+du -sh $S/t1 $S/t2 $S/r1

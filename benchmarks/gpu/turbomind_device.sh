@@ -16,6 +16,12 @@
 #       GPU test, then measure_turbomind.py over TurboMind and PyTorch MTP off / 2 / 4 at output 512 and
 #       128, concurrency 8, 64, 256, temperature 0 and 0.8, two rounds (no engine starts after DEADLINE_S)
 #   then, until it says done:  OUT=$OUT bash benchmarks/gpu/turbomind_device.sh collect
+# Serving (issue #19 items 2 and 5), detached; after t1 (with training) and t2:
+#   carry [".stage/r1"]: OUT=$OUT bash benchmarks/gpu/turbomind_device.sh serve
+#       installs Ray Serve, waits for the trained weights, then in the background: the TurboMind GPU tests
+#       on the trained checkpoint (greedy equality token for token, partings checked for near-ties), then
+#       benchmarks/gpu/serve_engines.py (a table mixing TurboMind and PyTorch MTP-2 served through Ray Serve)
+#   then, until it says done:  OUT=$OUT bash benchmarks/gpu/turbomind_device.sh serve-collect
 # The plain engines alone, without training (their work does not depend on the weights):
 #   carry [".stage/t1"]: NO_TRAIN=1 OUT=$OUT bash benchmarks/gpu/turbomind_device.sh t1
 #   carry [".stage/t2"]: OUT=$OUT bash benchmarks/gpu/turbomind_device.sh t2-plain [DEADLINE_S]
@@ -95,6 +101,29 @@ case $STEP in
         --temperatures 0,0.8 --rounds 2 --deadline-s ${2:-900} > /root/tm/grid/measure.log 2>&1;
       touch /root/tm/grid/done" > /root/tm/grid/job.log 2>&1 < /dev/null &
     sleep 5; echo "grid started"
+    ;;
+  serve)
+    bash .stage/r1/install_part.sh
+    python3 -c "import ray, ray.serve, lmdeploy, openai; print('ray', ray.__version__, 'lmdeploy', lmdeploy.__version__)" || exit 1
+    for _ in $(seq 1 60); do grep -q "saved /root/ckpt/model.safetensors" /root/tm/train.log && break; sleep 5; done
+    grep -E "saved|expected accept|exit|Error" /root/tm/train.log | tail -4
+    mkdir -p /root/tm/serve && cp /root/tm/train.log /root/tm/serve/
+    python3 benchmarks/gpu/measure_mtp.py --versions > /root/tm/serve/versions.json 2>&1
+    setsid nohup bash -c "source benchmarks/gpu/device_env.sh; source /root/tm/env.sh;
+      MTP_TEST_CHECKPOINT=/root/ckpt timeout 600 python3 -m pytest tests/gpu/test_gpu_turbomind.py -v -s \
+        -p no:cacheprovider -o cache_dir=/tmp/pc > /root/tm/serve/gpu_tests_trained.log 2>&1;
+      timeout 900 python3 benchmarks/gpu/serve_engines.py --ckpt /root/ckpt --out /root/tm/serve \
+        --work /root/tm/serve-work > /root/tm/serve/serve_engines.log 2>&1;
+      touch /root/tm/serve/done" > /root/tm/serve/job.log 2>&1 < /dev/null &
+    sleep 5; echo "serve job started"
+    ;;
+  serve-collect)
+    grep -E "PASSED|FAILED|ERROR|passed|failed" /root/tm/serve/gpu_tests_trained.log 2>/dev/null | tail -6
+    grep "\[e2e" /root/tm/serve/serve_engines.log 2>/dev/null | tail -5
+    [ -f /root/tm/serve/done ] && echo "SERVE DONE" || echo "serve job still running"
+    cp /root/tm/serve/*.log /root/tm/serve/*.json "$OUT/" 2>/dev/null
+    [ -f /root/tm/serve/done ] && [ -d /root/tm/serve-work/serve-logs ] && \
+      tar czf "$OUT/engine-logs.tgz" -C /root/tm/serve-work serve-logs
     ;;
   collect)
     tail -n 4 /root/tm/grid/sampling.log 2>/dev/null; tail -n 3 /root/tm/grid/measure.log 2>/dev/null

@@ -6,7 +6,8 @@ import os
 import subprocess
 import urllib.request
 
-__all__ = ["complete", "gpu_pids_of_group", "kill_9_and_check_memory_freed", "model_name", "nvidia_apps", "spec_counters"]
+__all__ = ["complete", "generate_ids", "gpu_pids_of_group", "kill_9_and_check_memory_freed", "model_name", "next_token_logprobs",
+           "nvidia_apps", "spec_counters"]
 
 
 def nvidia_apps() -> dict[int, float]:
@@ -45,6 +46,32 @@ def complete(base_url: str, prompt: str, max_tokens: int) -> str:
     req = urllib.request.Request(f"{base_url}/v1/completions", data=body, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=300) as r:
         return json.loads(r.read())["choices"][0]["text"]
+
+
+def _generate(base_url: str, body: dict) -> dict:
+    req = urllib.request.Request(f"{base_url}/generate", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        return json.loads(r.read())
+
+
+def generate_ids(base_url: str, input_ids: list[int], max_tokens: int) -> list[int]:
+    """Greedy token ids of exactly ``max_tokens`` tokens after ``input_ids`` (LMDeploy's ``/generate``:
+    tokens in, tokens out, so two engines are compared token by token, not through detokenised text)."""
+    out = _generate(base_url, {"input_ids": input_ids, "max_tokens": max_tokens, "temperature": 0.0,
+                               "ignore_eos": True})
+    return list(out["output_ids"])
+
+
+def next_token_logprobs(base_url: str, input_ids: list[int], k: int) -> dict[int, float]:
+    """The engine's ``k`` most likely next tokens after ``input_ids`` with their log-probabilities under
+    the unprocessed distribution: temperature 1 with no top-k / top-p filter, so TurboMind (which reports
+    log-probabilities of the filtered, renormalised distribution it samples from) and the PyTorch engine
+    (``--logprobs-mode raw_logprobs``) both report ``log_softmax(logits)``. The token drawn is irrelevant."""
+    out = _generate(base_url, {"input_ids": input_ids, "max_tokens": 1, "temperature": 1.0, "top_k": 0,
+                               "top_p": 1.0, "return_logprob": True, "top_logprobs_num": k})
+    tops = out["meta_info"]["output_top_logprobs"][0]
+    return {int(tok): float(lp) for lp, tok in tops}
 
 
 def kill_9_and_check_memory_freed(engines: dict, victim_name: str) -> None:
