@@ -22,6 +22,10 @@
 #       on the trained checkpoint (greedy equality token for token, partings checked for near-ties), then
 #       benchmarks/gpu/serve_engines.py (a table mixing TurboMind and PyTorch MTP-2 served through Ray Serve)
 #   then, until it says done:  OUT=$OUT bash benchmarks/gpu/turbomind_device.sh serve-collect
+# Where a measurement's spread comes from (issue #22 item 2), without training:
+#   carry [".stage/t1"]: NO_TRAIN=1 OUT=$OUT bash benchmarks/gpu/turbomind_device.sh t1
+#   carry [".stage/t2"]: OUT=$OUT bash benchmarks/gpu/turbomind_device.sh suspects [DEADLINE_S]
+#       installs part 2, builds an oracle checkpoint of the test shape, runs measure_suspects.py (~6 min)
 # The plain engines alone, without training (their work does not depend on the weights):
 #   carry [".stage/t1"]: NO_TRAIN=1 OUT=$OUT bash benchmarks/gpu/turbomind_device.sh t1
 #   carry [".stage/t2"]: OUT=$OUT bash benchmarks/gpu/turbomind_device.sh t2-plain [DEADLINE_S]
@@ -79,6 +83,14 @@ case $STEP in
     python3 benchmarks/gpu/measure_turbomind.py --ckpt /root/oracle --out "$OUT/measure" --engines turbomind,pytorch-mtp-off \
       --concurrency 8,64,256 --deadline-s "${2:-420}" 2>&1 | tee "$OUT/measure.log" | grep -vE "^\s*$"
     tar czf "$OUT/engine-logs.tgz" -C "$OUT/measure" engine-logs && rm -rf "$OUT/measure/engine-logs"
+    ;;
+  suspects)
+    bash .stage/t2/install_part.sh
+    python3 -m tuning.checkpoint.build /root/oracle --oracle --tokenizer-bytes 2097152 | tail -1
+    python3 benchmarks/gpu/measure_mtp.py --versions > "$OUT/versions.json" 2>&1
+    python3 benchmarks/gpu/measure_suspects.py --ckpt /root/oracle --out "$OUT/suspects" --deadline-s "${2:-330}" \
+      2>&1 | tee "$OUT/suspects.log" | grep -E "^\[suspects|^\| (quiet|cpu|busy)"
+    tar czf "$OUT/engine-logs.tgz" -C "$OUT/suspects" engine-logs && rm -rf "$OUT/suspects/engine-logs"
     ;;
   measure)
     cp /root/ckpt/train_report.json /root/ckpt/mtp_expected.json "$OUT/" 2>/dev/null
