@@ -20,7 +20,7 @@ memory clock, power, temperature and NVML's clock-event reasons are sampled ever
 
     python benchmarks/gpu/measure_suspects.py --ckpt /root/oracle --out $OUT [--rounds 6] [--deadline-s 420]
     python benchmarks/gpu/measure_suspects.py --sim --out /tmp/suspects     # dry run, simulated engines
-    python benchmarks/gpu/measure_suspects.py --render suspects.json        # the markdown report
+    python benchmarks/gpu/measure_suspects.py --render a/suspects.json [b/suspects.json ...]   # the report
 """
 from __future__ import annotations
 
@@ -178,11 +178,13 @@ def order_of(round_no: int) -> list[str]:
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per condition: mean (95 % CI) over rounds; the per-round ratio to quiet with its CI."""
-    by_round: dict[int, dict[str, float]] = {}
+    """Per condition: mean (95 % CI) over rounds; the per-round ratio to quiet with its CI. A run's
+    round is identified by (``engine_start``, ``round``): pooled runs of several engine starts pair each
+    condition with the quiet measurement of its own round on its own engine."""
+    by_round: dict[tuple[int, int], dict[str, float]] = {}
     for r in runs:
         if r.get("round") is not None and r.get("output_throughput"):
-            by_round.setdefault(r["round"], {})[r["condition"]] = r["output_throughput"]
+            by_round.setdefault((r.get("engine_start", 0), r["round"]), {})[r["condition"]] = r["output_throughput"]
     out: dict[str, Any] = {}
     for cond in CONDITIONS:
         vals = [v[cond] for v in by_round.values() if cond in v]
@@ -276,6 +278,19 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
 
 
 # ----- report -----------------------------------------------------------------------------------------
+def pooled(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several runs of this script (each its own engine start) as one result: runs tagged with their
+    start, the summary over all rounds, the starts' times and commands listed."""
+    if len(results) == 1:
+        return results[0]
+    out = dict(results[0])
+    out["runs"] = [r | {"engine_start": i} for i, res in enumerate(results) for r in res["runs"]]
+    out["command"] = " ; ".join(res["command"] for res in results)
+    out["starts_s"] = [res["starts_s"] for res in results]
+    out["summary"] = summarize(out["runs"])
+    return out
+
+
 def render(result: dict[str, Any]) -> str:
     s = result["summary"]
     w = result["workload"]
@@ -297,11 +312,12 @@ def render(result: dict[str, Any]) -> str:
         ratio = f"{e['ratio_to_quiet']:.3f} ({e['ratio_ci'][0]:.3f}–{e['ratio_ci'][1]:.3f})" if "ratio_to_quiet" in e else "—"
         lines.append(f"| {cond} | {e.get('n', 0)} | {', '.join(f'{v:,}' for v in e.get('values', []))} | {ci} | "
                      f"{e.get('cv', '—')} | {ratio} | {'yes' if e.get('matters') else 'no' if 'matters' in e else '—'} |")
-    lines += ["", "| run | round | tok/s | SM MHz mean (min) | mem MHz | power W | temp °C | clock-event reasons |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| run | start | round | tok/s | SM MHz mean (min) | mem MHz | power W | temp °C | clock-event reasons |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for r in result["runs"]:
         c = r.get("clocks") or {}
-        lines.append(f"| {r['condition']} | {'' if r['round'] is None else r['round']} | {r['output_throughput']:,.0f} | "
+        lines.append(f"| {r['condition']} | {r.get('engine_start', 0)} | {'' if r['round'] is None else r['round']} | "
+                     f"{r['output_throughput']:,.0f} | "
                      f"{c.get('sm_mhz_mean', '—')} ({c.get('sm_mhz_min', '—')}) | {c.get('mem_mhz_mean', '—')} | "
                      f"{c.get('power_w_mean', '—')} | {c.get('temp_c_mean', '—')} | {c.get('reasons_or', '—')} |")
     return "\n".join(lines) + "\n"
@@ -312,14 +328,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ckpt", default="/root/oracle")
     p.add_argument("--out", help="folder for suspects.json and engine logs")
     p.add_argument("--sim", action="store_true", help="simulated engines (a dry run; no GPU figure)")
-    p.add_argument("--render", type=Path, help="print the markdown report of a suspects.json and exit")
+    p.add_argument("--render", type=Path, nargs="+", help="print the markdown report of one suspects.json, or of "
+                   "several (separate engine starts) pooled, and exit")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--num-prompts", type=int, default=128, help="requests per measurement (two waves at 64)")
     p.add_argument("--deadline-s", type=float, default=420, help="no round starts after this (from the start)")
     a = p.parse_args(argv)
     if a.render:
-        print(render(json.loads(a.render.read_text())), end="")
+        print(render(pooled([json.loads(f.read_text()) for f in a.render])), end="")
         return 0
     if not a.out:
         p.error("--out is required unless --render")
