@@ -359,6 +359,48 @@ def test_a_renewal_never_takes_back_a_released_or_lapsed_hold():
     assert lease.holders() == {"n:0": {"b": STARTUP}, "n:1": {"b": STARTUP}}
 
 
+def test_measurements_are_served_first_come_first_served():
+    """A measurement that gives the GPU back and asks again queues behind those already waiting (its
+    place is kept while it polls), so co-resident engines take turns round by round."""
+    lease = GpuLease()  # the plain class: the rules, without an actor
+    assert lease.try_acquire(["n:0"], "a")
+    assert not lease.try_acquire(["n:0"], "b")  # b waits ...
+    assert not lease.try_acquire(["n:0"], "c")  # ... and c behind it
+    lease.release(["n:0"], "a")
+    assert not lease.try_acquire(["n:0"], "a"), "a came back ahead of the measurements already waiting"
+    assert not lease.try_acquire(["n:0"], "c"), "c overtook b, which waited longer"
+    assert lease.try_acquire(["n:0"], "b") and lease.holders() == {"n:0": {"b": MEASURE}}
+    lease.release(["n:0"], "b")
+    assert not lease.try_acquire(["n:0"], "a") and lease.try_acquire(["n:0"], "c")  # c asked before a's return
+    lease.release(["n:0"], "c")
+    assert lease.try_acquire(["n:0"], "a") and lease.waiting() == {}
+    lease.release(["n:0"], "a")
+    assert lease.try_acquire(["n:0", "n:1"], "d")  # nobody waits: granted at once, on both GPUs
+
+
+def test_co_resident_engines_measure_their_rounds_in_turn(ray_local):
+    """Two trials on one GPU, three rounds each, every round under its own measurement lease: the
+    rounds alternate (what gives the sweep interleaved rounds to compare configs by)."""
+    lease = ray_local.remote(GpuLease).remote()
+    order: list[str] = []
+    both_ready = threading.Barrier(2, timeout=20)
+
+    def trial(holder: str) -> None:
+        both_ready.wait()
+        for _ in range(3):
+            with measure_lease(lease, ["n:0"], holder, poll_s=0.02):
+                order.append(holder)
+                time.sleep(0.3)
+
+    threads = [threading.Thread(target=trial, args=(h,), daemon=True) for h in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert sorted(order) == ["a"] * 3 + ["b"] * 3
+    assert all(x != y for x, y in zip(order, order[1:])), f"one trial measured two rounds in a row: {order}"
+
+
 def test_measure_config_starts_under_the_startup_guard_and_measures_under_the_other(monkeypatch, tmp_path):
     """Start-up guarded until ready (or failed), measurement guarded after; never both at once. The
     engine stops inside the measurement's hold, so no neighbour measures or starts beside its teardown."""

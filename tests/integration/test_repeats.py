@@ -193,3 +193,51 @@ def test_burn_in_is_on_for_real_engines_and_can_be_turned_off(tmp_path, model_di
     assert spec("--model", str(model)).trial_context(None, None).plan.burn_in is True
     assert spec("--model", str(model), "--no-burn-in").trial_context(None, None).plan.burn_in is False
     assert spec().trial_context(None, None).plan.burn_in is False  # the simulator has nothing to burn in
+
+
+def test_repeats_run_in_rounds_each_under_its_own_guard(tmp_path):
+    """``--repeats 2``: every point once per round, the burn-in only in the first, the guard entered
+    once per round and left between them (so engines sharing a GPU can take turns), the engine's
+    stop inside the last round's guard; every point carries both rounds' throughputs."""
+    import contextlib
+
+    import httpx
+
+    from orchestrator.engine import EngineProcess
+    from orchestrator.serve.metrics import parse_prometheus_text
+    from tuning.sweep.measure import measure_buckets
+
+    cfg = EngineConfig(backend="sim", model="intern-s2-preview-8xh200", tp=8, extra_flags=("--startup-delay", "0"))
+    buckets = make_buckets([128, 512], input_len=128, concurrency_levels=(8,), num_prompts=12)
+    engine = EngineProcess(cfg, log_dir=tmp_path, sim_time_scale=50.0)
+    events: list[tuple[str, float]] = []
+
+    def served() -> float:
+        return parse_prometheus_text(httpx.get(engine.base_url + "/metrics", timeout=10).text)["sim_requests_total"]
+
+    @contextlib.contextmanager
+    def guard():
+        events.append(("enter", served()))
+        try:
+            yield
+        finally:
+            events.append(("exit", served() if engine.is_alive() else -1.0))
+
+    engine.start()
+    try:
+        engine.wait_until_ready()
+        measurements: dict = {}
+        plan = MeasurePlan(steady_state=None, request_timeout_s=60, burn_in=True, repeats=2)
+        failure = measure_buckets(engine, cfg, buckets, plan, measurements=measurements, round_guard=guard,
+                                  on_last_round=lambda: events.append(("stop", float(engine.is_alive()))))
+    finally:
+        engine.stop()
+    assert failure == ""
+    per_round = sum(b.workload_at(8).num_prompts + b.workload_at(8).warmup_requests for b in buckets)
+    first = buckets[0].workload_at(8)
+    (e0, n0), (x0, m0), (e1, n1), (s1, alive), (x1, _) = events
+    assert (e0, x0, e1, s1, x1) == ("enter", "exit", "enter", "stop", "exit") and alive == 1.0
+    assert m0 - n0 == per_round + first.num_prompts + first.warmup_requests  # round 1: burn-in + every point
+    assert n1 == m0  # nothing served between the rounds
+    assert sorted(measurements) == [("le128", 8), ("le512", 8)]
+    assert all(len(m["repeat_output_throughputs"]) == 2 for m in measurements.values())

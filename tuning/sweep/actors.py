@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -71,9 +72,12 @@ class GpuLease:
 
     - ``startup`` holds are shared, granted while no measurement holds the GPU *and none waits for
       it*: a measurement waits for the start-ups already running, never for new ones;
-    - a ``measure`` hold is exclusive, granted while no other holder of either mode holds the GPU; a
-      refused one is recorded as waiting (refreshed by the caller's polling), which stops new
-      start-ups.
+    - a ``measure`` hold is exclusive, granted while no other holder of either mode holds the GPU and
+      no measurement has waited longer (first come, first served); a refused one is recorded as
+      waiting (refreshed by the caller's polling, keeping its place), which stops new start-ups.
+      The queue is what makes measurement rounds interleave: an engine that gives the GPU back
+      between rounds queues behind the neighbours already waiting, so co-resident configs take turns
+      round by round rather than one measuring all its rounds while the others wait.
 
     Several GPUs are taken all or none in one call (an actor runs one call at a time), so two trials
     never each hold half of what the other needs. Every hold and waiting mark expires ``ttl_s`` after
@@ -87,6 +91,8 @@ class GpuLease:
         # gpu -> holder -> (mode, until); waiting holds only measurements
         self._held: dict[str, dict[str, tuple[str, float]]] = {}
         self._waiting: dict[str, dict[str, tuple[str, float]]] = {}
+        # gpu -> waiting holder -> when it first asked (its place in the queue; kept across refreshes)
+        self._since: dict[str, dict[str, float]] = {}
 
     def try_acquire(self, gpus: Sequence[str], holder: str, mode: str = MEASURE) -> bool:
         """Take (or renew) ``holder``'s ``mode`` hold on every GPU in ``gpus``, or on none of them.
@@ -110,6 +116,7 @@ class GpuLease:
         if mode == MEASURE:
             for g in gpus:
                 self._waiting.setdefault(g, {})[holder] = (MEASURE, until)
+                self._since.setdefault(g, {}).setdefault(holder, now)
         return False
 
     def renew(self, gpus: Sequence[str], holder: str, mode: str = MEASURE) -> bool:
@@ -152,7 +159,9 @@ class GpuLease:
             return True  # renewal
         others = [m for h, (m, _) in held.items() if h != holder]
         if mode == MEASURE:
-            return not others
+            since = self._since.get(gpu, {})
+            mine = since.get(holder, math.inf)
+            return not others and not any(t < mine for h, t in since.items() if h != holder)
         waiters = [h for h in self._waiting.get(gpu, {}) if h != holder]
         return MEASURE not in others and not waiters
 
@@ -161,6 +170,11 @@ class GpuLease:
             for g in list(table):
                 for h in [h for h, (_, until) in table[g].items() if until <= now]:
                     self._drop(table, g, h)
+        for g in list(self._since):  # a place in the queue lives exactly as long as the wait
+            for h in [h for h in self._since[g] if h not in self._waiting.get(g, {})]:
+                del self._since[g][h]
+            if not self._since[g]:
+                del self._since[g]
 
     @staticmethod
     def _drop(table: dict[str, dict[str, tuple[str, float]]], gpu: str, holder: str) -> None:

@@ -87,9 +87,10 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--no-burn-in", action="store_true",
                    help="with --model, do not run the first bucket once unmeasured before measuring (a fresh "
                         "LMDeploy engine's first full-load run is slower than the ones after it)")
-    w.add_argument("--repeats", type=int, metavar="R", help="runs of each bucket on the same engine (default 1); "
-                   "the lower-median run counts, every run's throughput and their spread go to results.csv "
-                   "(tells run-to-run noise from engine-to-engine differences)")
+    w.add_argument("--repeats", type=int, metavar="R", help="rounds of every bucket on the same engine (default 1); "
+                   "the lower-median run counts, every run's throughput and their spread go to results.csv, and "
+                   "a config is preferred over another only when their intervals over the rounds part; with "
+                   "--share-gpu the rounds of co-resident configs take turns on the GPU")
     w.add_argument("--no-early-stop", action="store_true", help="run every request to completion (no "
                    "steady-state early stop)")
     r = p.add_argument_group("search and budgets")

@@ -101,9 +101,10 @@ def measure_config(
     """Start one engine, run every bucket x load level against it as ``plan`` says, stop it.
 
     ``startup_guard`` is entered before the engine starts and left once it is ready or failed;
-    ``measure_guard`` is entered after that and held while it is measured (engines sharing a GPU:
-    start side by side, measure one at a time, never while a neighbour starts). The two are never
-    held together, so a caller waiting for one never holds the other. ``startup_s`` counts from the
+    ``measure_guard`` is entered after that and held while it is measured, once per round of
+    ``plan.repeats`` (engines sharing a GPU: start side by side, measure one at a time, never while a
+    neighbour starts; with a fair guard their rounds interleave). The two are never held together, so
+    a caller waiting for one never holds the other. ``startup_s`` counts from the
     engine's start, not from the wait for ``startup_guard``.
 
     Returns ``(measurements, failure, startup_s)``: ``BenchResult`` dicts by (bucket, concurrency),
@@ -132,13 +133,11 @@ def measure_config(
             return measurements, failure_reason("engine failed to start", e), None
         if is_sim and plan.time_scale:
             startup_s *= plan.time_scale
-        with measure_guard() if measure_guard is not None else contextlib.nullcontext():
-            failure = measure_buckets(engine, config, buckets, plan, measurements=measurements,
-                                      tokenizer=tokenizer)
-            # Stopped inside the exclusive hold: a neighbour's measurement never overlaps this
-            # engine's teardown, and a neighbour's start-up (which sizes its KV cache from the GPU
-            # memory free at that moment) sees this engine's memory already released.
-            engine.stop()
+        # Stopped inside the last round's exclusive hold: a neighbour's measurement never overlaps
+        # this engine's teardown, and a neighbour's start-up (which sizes its KV cache from the GPU
+        # memory free at that moment) sees this engine's memory already released.
+        failure = measure_buckets(engine, config, buckets, plan, measurements=measurements, tokenizer=tokenizer,
+                                  round_guard=measure_guard, on_last_round=engine.stop)
         return measurements, failure, startup_s
     finally:
         engine.stop()
@@ -157,33 +156,56 @@ def measure_steps(buckets: Sequence[Bucket], *, burn_in: bool) -> list[tuple[Buc
 
 
 def measure_buckets(engine: Any, config: EngineConfig, buckets: Sequence[Bucket], plan: MeasurePlan, *,
-                    measurements: Measurements, tokenizer: Any = None) -> str:
-    """Every bucket x load level (``plan.repeats`` runs each) against the ready ``engine`` into
-    ``measurements``, after one unmeasured run of the first bucket per temperature if ``plan.burn_in``;
+                    measurements: Measurements, tokenizer: Any = None, round_guard: Guard | None = None,
+                    on_last_round: Callable[[], None] | None = None) -> str:
+    """Every bucket x load level against the ready ``engine`` into ``measurements``, in ``plan.repeats``
+    rounds (each round runs every point once; the burn-in, if ``plan.burn_in``, leads the first);
     returns the failure reason ('' when all ran). ``tokenizer``: the loaded ``plan.tokenizer`` (loaded
-    once per engine by the caller)."""
+    once per engine by the caller).
+
+    Why rounds rather than each point's repeats back to back: a drift of the engine then touches every
+    point alike, and ``round_guard`` — entered for each round and left between them — lets engines
+    that share a GPU take turns (with the sweep's fair lease their rounds interleave, so configs are
+    compared round by round, not one engine's good minute against another's bad one).
+    ``on_last_round`` runs inside the last round's guard, after its measurements or a failure (the
+    caller stops the engine there)."""
     from tuning.bench import benchmark
 
-    for b, c, t, measured in measure_steps(buckets, burn_in=plan.burn_in):
-        what = f"bucket {b.name}" if measured else f"the burn-in run of bucket {b.name}"
-        if t != b.primary_temperature:
-            what += f" at temperature {t:g}"
-        rule = plan.steady_state_rule(b) if measured else None
-        try:
-            runs = []
-            for _ in range(plan.repeats if measured else 1):
-                runs.append(benchmark(engine.base_url, b.workload_at(c, t), engine_config=config, steady_state=rule,
-                                      request_timeout_s=plan.request_timeout_s, tokenizer=tokenizer).to_dict())
-                engine.check_health()
-            if measured:
-                measurements[b.measurement_key(c, t)] = representative_run(runs)
-        except EngineError as e:
-            return failure_reason(f"engine failed during {what} (concurrency {c})", e)
-        except OrchestratorError as e:  # bench could not run at all (server unreachable...)
-            if not engine.is_alive():
-                return failure_reason(f"engine died during {what}", e)
-            return failure_reason(f"benchmark of {what} failed", e)
-    return ""
+    steps = measure_steps(buckets, burn_in=plan.burn_in)
+    runs: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    failure = ""
+    for rnd in range(plan.repeats):
+        last = rnd == plan.repeats - 1
+        with round_guard() if round_guard is not None else contextlib.nullcontext():
+            for b, c, t, measured in steps:
+                if not measured and rnd > 0:
+                    continue
+                what = f"bucket {b.name}" if measured else f"the burn-in run of bucket {b.name}"
+                if t != b.primary_temperature:
+                    what += f" at temperature {t:g}"
+                rule = plan.steady_state_rule(b) if measured else None
+                try:
+                    run = benchmark(engine.base_url, b.workload_at(c, t), engine_config=config, steady_state=rule,
+                                    request_timeout_s=plan.request_timeout_s, tokenizer=tokenizer).to_dict()
+                    engine.check_health()
+                except EngineError as e:
+                    failure = failure_reason(f"engine failed during {what} (concurrency {c})", e)
+                except OrchestratorError as e:  # bench could not run at all (server unreachable...)
+                    failure = failure_reason(f"engine died during {what}" if not engine.is_alive()
+                                             else f"benchmark of {what} failed", e)
+                if failure:
+                    break
+                if measured:
+                    runs.setdefault(b.measurement_key(c, t), []).append(run)
+            if (last or failure) and on_last_round is not None:
+                on_last_round()
+        if failure:
+            break
+    # A point measured in every round counts; one cut short by a failure does not (as before rounds).
+    for key, point_runs in runs.items():
+        if len(point_runs) == plan.repeats:
+            measurements[key] = representative_run(point_runs)
+    return failure
 
 
 def representative_run(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
