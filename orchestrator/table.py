@@ -294,10 +294,12 @@ class Provenance(_Model):
     objective: str = "output_throughput"
     constraints: dict[str, float] = Field(default_factory=dict)
     gpu_budget: GpuBudget | None = Field(default=None, description="set when the sweep had --serve-gpus")
+    notes: tuple[str, ...] = Field(
+        default=(), description="how the choice was made where the best figure alone did not decide it")
 
     @model_serializer(mode="wrap")
     def _omit_unset_budget(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _without_unset(handler(self), "gpu_budget")
+        return _without_unset(handler(self), "gpu_budget", "notes")
 
 
 class RoutingTable(_Model):

@@ -634,6 +634,11 @@ def render_html(run: SweepRun, images: dict[str, str]) -> str:
     parts.append(_html_table(routing_summary(run.table, run.results), {
         "output_throughput": "num", "accept_length": "acc", "tpot_ms_median": "acc",
         "gain_vs_mtp_off": "pct", "gain_vs_static": "pct"}))
+    if run.table is not None and run.table.provenance.notes:
+        parts.append("<h2>Within noise</h2><p>Where a bucket's best measured config was not shown better than "
+                     "one that serves other buckets (their intervals over the rounds overlap), the shared one "
+                     "serves it:</p>")
+        parts.extend(f"<p class='note'>{html.escape(n)}</p>" for n in run.table.provenance.notes)
     budget = run.table.provenance.gpu_budget if run.table is not None else None
     if budget is not None:
         parts.append(f"<h2>Serving budget: {budget.gpus} GPU(s){' shared' if budget.share_gpu else ''}</h2>")

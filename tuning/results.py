@@ -31,6 +31,7 @@ from orchestrator.table import (
     RoutingTable,
     RoutingTableError,
 )
+from tuning.stats import mean_confidence_interval
 from tuning.sweep.space import BASELINE_ROLES, ROLE_MTP_OFF, ROLE_STATIC
 
 __all__ = [
@@ -257,7 +258,9 @@ def _figures(row: Mapping[str, Any]) -> BucketFigures:
 
     acc = num("accept_length")
     completed, failed = row.get("completed"), row.get("failed_requests")
+    interval = throughput_interval(row)
     return BucketFigures(
+        output_throughput_ci=interval, rounds=len(repeat_throughputs(row)) if interval is not None else None,
         output_throughput=float(row["output_throughput"]),
         request_throughput=num("request_throughput"),  # noqa: E501
         ttft_ms_median=num("ttft_ms_median"), ttft_ms_p99=num("ttft_ms_p99"),
@@ -374,6 +377,50 @@ def _load_variant(ranked_at_c: Sequence[dict[str, Any]], primary_key: str, place
     return None
 
 
+def throughput_interval(row: Mapping[str, Any]) -> tuple[float, float] | None:
+    """The 95 % confidence interval of a row's output throughput over its rounds (``--repeats``), low
+    end clipped at 0; ``None`` for a row measured once."""
+    runs = repeat_throughputs(row)
+    if len(runs) < 2:
+        return None
+    _, low, high = mean_confidence_interval(runs)
+    return max(low, 0.0), high
+
+
+def within_noise(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Neither row is shown better than the other: both have intervals over rounds and they overlap.
+    Rows measured once are never within noise of each other (their point figures rank them, as the
+    sweep always did); measure with ``--repeats`` for the ranking to respect the noise."""
+    ia, ib = throughput_interval(a), throughput_interval(b)
+    return ia is not None and ib is not None and ia[0] <= ib[1] and ib[0] <= ia[1]
+
+
+def consolidate(ranked: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per bucket one row among those within noise of its best (``ranked[i][0]`` and every row whose
+    interval overlaps it), such that as few distinct configs as possible serve all buckets.
+
+    Why: a table that routes bucket A to config X and bucket B to Y because X measured 2 % above Y on
+    A costs a second engine for a difference its own rounds cannot tell from noise. Greedy cover: the
+    config among the most buckets' ties first (ties -> higher mean log throughput over those buckets,
+    then the better-ranked), its row for each of them; then the next, over the buckets left. A bucket
+    whose best has no interval (one round) keeps its best."""
+    ties = [[r for r in rows if r is rows[0] or within_noise(r, rows[0])] for rows in ranked]
+    chosen: list[dict[str, Any] | None] = [None] * len(ranked)
+    left = set(range(len(ranked)))
+    while left:
+        covers: dict[str, list[dict[str, Any]]] = {}
+        for i in sorted(left):
+            for r in ties[i]:
+                covers.setdefault(r["engine_key"], []).append(r)
+        key = max(covers, key=lambda k: (len(covers[k]), sum(map(_log_tput, covers[k])) / len(covers[k])))
+        for i in sorted(left):
+            row = next((r for r in ties[i] if r["engine_key"] == key), None)
+            if row is not None:
+                chosen[i] = row
+                left.discard(i)
+    return [r for r in chosen if r is not None]
+
+
 def _describe(row: Mapping[str, Any]) -> str:
     return f"{row['engine_label']} ({float(row['output_throughput']):,.0f} tok/s)"
 
@@ -448,10 +495,16 @@ def pick_best(
             "constraints, or check the failure reasons in results.csv."
         )
 
-    unconstrained = [ranked[0] for _, _, ranked, _ in found]
+    # Called different only when their intervals say so: within noise of its best, a bucket takes the
+    # config that serves the most buckets (rows measured once: the point figure decides, as before).
+    unconstrained = consolidate([ranked for _, _, ranked, _ in found])
     chosen = unconstrained
     notes: list[str] = []
-    if budget is not None:
+    within = [f"{b.name}: {_describe(row)} serves it, within noise of {_describe(ranked[0])} "
+              f"({float(row['output_throughput']) / float(ranked[0]['output_throughput']) - 1:+.1%}; intervals over "
+              f"{len(repeat_throughputs(row))} rounds overlap)"
+              for (b, _, ranked, _), row in zip(found, unconstrained) if row["engine_key"] != ranked[0]["engine_key"]]
+    if budget is not None and not budget.fits(_engine(r) for r in {r["engine_key"]: r for r in chosen}.values()):
         fitted = _fit_primaries([ranked for _, _, ranked, _ in found], budget)
         if fitted is None:
             raise IncompleteResultsError(_no_fit_message(found, budget))
@@ -493,7 +546,7 @@ def pick_best(
     if budget is not None:
         routes, dropped = _fit_cells(routes, budget)
         notes.extend(dropped)
-    update: dict[str, Any] = {"constraints": constraints.to_dict()}
+    update: dict[str, Any] = {"constraints": constraints.to_dict(), "notes": tuple(within)}
     if budget is not None:
         update["gpu_budget"] = budget.model_copy(update={"notes": tuple(notes)})
     return RoutingTable(provenance=provenance.model_copy(update=update), buckets=tuple(routes),

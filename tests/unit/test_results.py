@@ -136,3 +136,59 @@ def test_early_stopped_run_with_no_completed_request_counts_but_an_empty_run_doe
     empty = {**_bench(0.0), "completed": 0}
     status, reason = bench_status(empty)
     assert status == STATUS_FAILED and "no request completed" in reason
+
+
+# ----- rounds: two configs are called different only when their intervals say so ---------------------
+def _rounds_trial(tid: str, role: str, drafts: int, rounds: dict) -> list[dict]:
+    """rounds: {(bucket, conc): [throughput per round]} -> rows as a --repeats sweep writes them."""
+    from tuning.sweep.measure import representative_run
+
+    meas = {k: representative_run([_bench(t) for t in runs]) for k, runs in rounds.items()}
+    return rows_for_trial(sweep_id="t", trial_id=tid, role=role, config=_cfg(drafts), buckets=BUCKETS,
+                          measurements=meas, failure="")
+
+
+def _rounds_frame(mtp3_le1024: list[float], spread: float = 0.03) -> pd.DataFrame:
+    three = lambda x: [x * (1 - spread), x, x * (1 + spread)]  # noqa: E731
+    static = {k: three(v) for k, v in FULL_STATIC.items()}  # MTP-4: le1024 8400 (8148-8652), le16384 13000
+    off = {k: three(v) for k, v in FULL_OFF.items()}
+    mtp3 = {("le1024", 64): mtp3_le1024, ("le1024", 128): three(8100), ("le16384", 64): three(12000),
+            ("le16384", 128): three(10000)}
+    return results_frame(_rounds_trial("a", ROLE_MTP_OFF, 0, off) + _rounds_trial("b", ROLE_STATIC, 4, static)
+                         + _rounds_trial("c", ROLE_SEARCH, 3, mtp3))
+
+
+def test_a_bucket_keeps_the_shared_config_when_its_best_is_within_noise():
+    """MTP-3 measures best on le1024 (8,600 vs MTP-4's 8,400) but the intervals over three rounds
+    overlap, and MTP-4 clearly wins le16384: one config serves both buckets, and the table says why."""
+    table = pick_best(_rounds_frame([8500, 8600, 8900]), BUCKETS, provenance=PROV)
+    b1, b2 = table.bucket("le1024"), table.bucket("le16384")
+    assert b1.engine_config() == b2.engine_config() and b1.engine_config().num_draft_tokens == 4
+    assert b1.figures.rounds == 3 and b1.figures.output_throughput_ci[0] < 8400 < b1.figures.output_throughput_ci[1]
+    (note,) = table.provenance.notes
+    assert note.startswith("le1024:") and "within noise" in note and "3 rounds" in note
+    assert routing.parse(table.model_dump(mode="json")) == table
+
+
+def test_a_bucket_gets_its_own_config_when_the_intervals_part():
+    """Tight rounds: MTP-3's le1024 interval lies above MTP-4's, MTP-4's le16384 above MTP-3's."""
+    table = pick_best(_rounds_frame([9500, 9520, 9540], spread=0.005), BUCKETS, provenance=PROV)
+    assert table.bucket("le1024").engine_config().num_draft_tokens == 3
+    assert table.bucket("le16384").engine_config().num_draft_tokens == 4 and table.provenance.notes == ()
+    # The same MTP-3 on le1024 with every other config's rounds 3 % apart: MTP-4's lead on le16384
+    # (13,000 vs 12,000) is then within noise, and MTP-3 — clearly best on le1024 — serves both.
+    loose = pick_best(_rounds_frame([9500, 9520, 9540]), BUCKETS, provenance=PROV)
+    assert {b.engine_config().num_draft_tokens for b in loose.buckets} == {3}
+    assert [n.split(":")[0] for n in loose.provenance.notes] == ["le16384"]
+
+
+def test_rows_measured_once_are_ranked_by_their_figure_as_before():
+    from tuning.results import consolidate, within_noise
+
+    once = [{"engine_key": k, "output_throughput": t} for k, t in (("x", 101.0), ("y", 100.0))]
+    assert not within_noise(once[0], once[1])
+    assert [r["engine_key"] for r in consolidate([once, once[::-1]])] == ["x", "y"]
+    noisy = [{"engine_key": k, "output_throughput": t, "output_throughput_repeats": r}
+             for k, t, r in (("x", 101.0, "99;101;103"), ("y", 100.0, "98;100;102"))]
+    assert within_noise(noisy[0], noisy[1])
+    assert [r["engine_key"] for r in consolidate([noisy, noisy[::-1]])] in (["x", "x"], ["y", "y"])

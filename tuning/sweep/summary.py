@@ -46,7 +46,7 @@ def print_summary(outcome: SweepOutcome, *, console: Any = None, traffic: Any = 
             console.print(traffic_line(outcome.table, df, spec, traffic))
         elif mixed := mixed_line(outcome.table, df):
             console.print(mixed)
-        for note in (budget.notes if budget else ()):
+        for note in (*outcome.table.provenance.notes, *(budget.notes if budget else ())):
             console.print(f"  - {note}")
         if outcome.error:
             console.print(f"[bold red]Routing table not committed everywhere[/]:\n{outcome.error}")
