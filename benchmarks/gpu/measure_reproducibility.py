@@ -1,0 +1,166 @@
+"""Two independent sweeps of one space, their tables re-measured side by side (issue #22 item 2): does
+the sweep commit the same answer twice, within 3 % on the mix?
+
+Both sweeps run the same space on the same GPU (``--share-gpu``, ``--repeats`` rounds, so every
+compared figure has an interval and co-resident configs take turns round by round) with different
+search seeds and run dirs. Then both committed tables are deployed side by side as two Serve apps
+(``/a`` and ``/b``, engines sharing the GPU; an idle neighbour showed no detectable effect), warmed up
+with one unmeasured pass of the mix, and measured in alternating order for ``--rounds`` rounds (a, b;
+b, a; ...): the mix is every bucket's sweep workload, shuffled, in one closed loop at the sweeps'
+concurrency. The result is the per-round ratio b / a with its 95 % CI, and each table's choices.
+
+    python benchmarks/gpu/measure_reproducibility.py --ckpt /root/ckpt --out $OUT        # on the GPU machine
+    python benchmarks/gpu/measure_reproducibility.py --sim --out /tmp/repro              # dry run, simulated
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import e2e  # noqa: E402  (the e2e run's Ray cluster, sweep command, deploy and mixed-load helpers)
+from e2e import HTTP_PORT, log  # noqa: E402
+
+from orchestrator import table as routing  # noqa: E402
+from tuning.stats import mean_confidence_interval  # noqa: E402
+
+SEEDS = {"a": 0, "b": 1}
+GOAL = 0.03
+
+
+def sweep(tag: str, a: argparse.Namespace) -> dict[str, Any]:
+    run_dir = Path(a.work) / f"sweep-{tag}"
+    if (run_dir / "routing_table.json").exists() and a.reuse:
+        return {"run_dir": str(run_dir), "reused": True}
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cmd = e2e.sweep_cmd(a, run_dir, sweep_id=f"repro-{tag}", num_trials=a.num_trials, share=True,
+                        time_budget_s=a.time_budget_s)
+    cmd[cmd.index("--seed") + 1] = str(SEEDS[tag])
+    t = time.monotonic()
+    proc = e2e.run(cmd, timeout=a.sweep_timeout_s, check=False, log_to=Path(a.out) / f"sweep_{tag}.log")
+    out = {"run_dir": str(run_dir), "rc": proc.returncode, "wall_s": round(time.monotonic() - t, 1), "command": " ".join(cmd)}
+    if (run_dir / "results.csv").exists():
+        out.update(e2e.summarize_run(run_dir))
+    e2e.pack(run_dir, Path(a.out) / f"sweep_{tag}_run.tgz")
+    return out
+
+
+def deploy(tag: str, table_path: Path, a: argparse.Namespace) -> dict[str, Any]:
+    cmd = e2e.deploy_cmd(table_path, share=not a.sim, log_dir=Path(a.work) / f"serve-logs-{tag}")
+    cmd[cmd.index("--app-name") + 1] = f"repro-{tag}"
+    cmd += ["--route-prefix", f"/{tag}"]
+    proc = e2e.run(cmd, timeout=600, check=False)
+    return {"rc": proc.returncode, "command": " ".join(cmd)}
+
+
+def mixed(tag: str, reqs: list[tuple[str, int]], concurrency: int) -> dict[str, Any]:
+    import asyncio
+
+    import openai
+
+    base = f"http://127.0.0.1:{HTTP_PORT}/{tag}"
+    model = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0).models.list().data[0].id
+    return asyncio.run(e2e._closed_loop(base, model, reqs, concurrency))
+
+
+def choices(table: routing.RoutingTable) -> dict[str, Any]:
+    return {b.name: {"config": b.engine_config().label(), "figures": b.figures.model_dump(mode="json"),
+                     "cells": [f"{c.sampling}@{c.min_in_flight}: {c.engine_config().label()}" for c in b.cells]}
+            for b in table.buckets} | {"notes": list(table.provenance.notes)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ckpt", default="/root/ckpt")
+    p.add_argument("--out", required=True)
+    p.add_argument("--work", default="/root/repro")
+    p.add_argument("--sim", action="store_true", help="the same flow on simulated engines (no GPU)")
+    p.add_argument("--reuse", action="store_true", help="keep a sweep whose table is already in --work (a later call)")
+    p.add_argument("--buckets", default="256,1024")
+    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--num-prompts", type=int, default=128)
+    p.add_argument("--num-trials", type=int, default=6)
+    p.add_argument("--repeats", type=int, default=3, help="rounds per bucket in each sweep (intervals need >= 2)")
+    p.add_argument("--draft-tokens", default="1,2,3,4")
+    p.add_argument("--memory-fractions", default="0.06")
+    p.add_argument("--max-batch-size", type=int, default=64)
+    p.add_argument("--session-len", type=int, default=4096)
+    p.add_argument("--serve-gpus", type=int, default=None)
+    p.add_argument("--time-budget-s", type=float, default=900, help="per sweep: no trial starts its engine after it")
+    p.add_argument("--sweep-timeout-s", type=float, default=1500)
+    p.add_argument("--rounds", type=int, default=6, help="side-by-side rounds of the mix (alternating order)")
+    p.add_argument("--num-cpus", type=int, default=8)
+    a = p.parse_args(argv)
+    from tuning.buckets import Bucket
+    from tuning.workload import load_tokenizer
+
+    out_dir, work = Path(a.out), Path(a.work)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"simulated": a.sim, "goal": f"tables within {GOAL:.0%} of each other on the mix",
+                              "args": vars(a)}
+
+    def save() -> None:
+        (out_dir / "reproducibility.json").write_text(json.dumps(result, indent=1, default=str))
+
+    with e2e.ray_cluster([0], sim=a.sim, num_cpus=a.num_cpus):
+        for tag in SEEDS:
+            result[f"sweep_{tag}"] = sweep(tag, a)
+            log(f"sweep {tag}: rc {result[f'sweep_{tag}'].get('rc')}, {result[f'sweep_{tag}'].get('wall_s')} s")
+            save()
+        paths = {tag: work / f"sweep-{tag}" / "routing_table.json" for tag in SEEDS}
+        if not all(p.exists() for p in paths.values()):
+            result["error"] = "a sweep committed no table"
+            save()
+            return 1
+        tables = {tag: routing.load(p) for tag, p in paths.items()}
+        result["choices"] = {tag: choices(t) for tag, t in tables.items()}
+        result["same_configs"] = set(tables["a"].distinct_configs()) == set(tables["b"].distinct_configs())
+        spec = json.loads((work / "sweep-a" / "sweep.json").read_text())
+        buckets = [Bucket.from_dict(b) for b in spec["buckets"]]
+        reqs = e2e.mixed_requests(buckets, load_tokenizer(None if a.sim else a.ckpt))
+        for tag in SEEDS:
+            result[f"deploy_{tag}"] = deploy(tag, paths[tag], a)
+            if result[f"deploy_{tag}"]["rc"] != 0:
+                result["error"] = f"table {tag} did not deploy"
+                save()
+                return 1
+        for tag in SEEDS:  # one unmeasured pass each: the engines' first full-length batches
+            mixed(tag, reqs, a.concurrency)
+        runs: list[dict[str, Any]] = []
+        for r in range(a.rounds):
+            for tag in (("a", "b") if r % 2 == 0 else ("b", "a")):
+                m = mixed(tag, reqs, a.concurrency)
+                runs.append({"round": r, "table": tag, **m})
+                log(f"round {r} table {tag}: {m['output_throughput']} tok/s, errors {m['errors']}")
+                result["runs"] = runs
+                save()
+        ratios = []
+        for r in range(a.rounds):
+            by = {x["table"]: x["output_throughput"] for x in runs if x["round"] == r}
+            if by.get("a") and by.get("b"):
+                ratios.append(by["b"] / by["a"])
+        if len(ratios) >= 2:
+            m, lo, hi = mean_confidence_interval(ratios)
+            result["ratio_b_over_a"] = {"mean": round(m, 4), "ci95": [round(lo, 4), round(hi, 4)],
+                                        "per_round": [round(x, 4) for x in ratios]}
+            result["within_goal"] = abs(m - 1) <= GOAL
+            result["interval_within_goal"] = 1 - GOAL <= lo and hi <= 1 + GOAL
+        for tag in SEEDS:
+            from ray import serve
+
+            serve.delete(f"repro-{tag}")
+    save()
+    log(f"ratio b/a: {result.get('ratio_b_over_a')}; same configs: {result.get('same_configs')}; "
+        f"within {GOAL:.0%}: {result.get('within_goal')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
