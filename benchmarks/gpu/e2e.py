@@ -164,11 +164,11 @@ def sweep_cmd(a: argparse.Namespace, run_dir: Path, *, sweep_id: str, num_trials
            "--num-trials", str(num_trials), "--time-budget-s", str(time_budget_s),
            "--speculative", "false,true", "--num-draft-tokens", a.draft_tokens,
            "--memory-fraction", a.memory_fractions, "--max-batch-size", str(a.max_batch_size), "--seed", "0",
-           "--repeats", str(a.repeats)]
+           "--repeats", str(a.repeats), "--backends", "pytorch"]
     if a.sim:
         cmd += ["--sim-profile", SIM_PROFILE, "--sim-time-scale", "5"]
     else:
-        cmd += ["--model", a.ckpt, "--backends", "pytorch", "--session-len", str(a.session_len)]
+        cmd += ["--model", a.ckpt, "--session-len", str(a.session_len)]
         if share:  # the budget is meant for shared engines (without sharing each tp=1 engine takes a GPU)
             cmd += ["--share-gpu"] + (["--serve-gpus", str(a.serve_gpus)] if a.serve_gpus else [])
     return cmd

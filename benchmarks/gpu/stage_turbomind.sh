@@ -10,10 +10,10 @@
 #     (docs/turbomind.md).
 # t1 holds LMDeploy, the libraries and what training needs (fla), so call 1 can check that TurboMind
 # loads and start training while t2 (TileLang and z3, 56 MiB) travels.
-# A third part, .stage/r1 (~52 MiB), carries Ray Serve for serving a table on the device: Ray's wheel
-# LZMA-recompressed without its Java jar (ray_dist.jar, 31 MiB compressed, used only by Ray's Java API)
-# and the dashboard's source map, plus Ray's runtime needs from .stage/dl4 (not Optuna's database
-# stack, not py-spy: serving needs neither).
+# A third part, .stage/r1 (~57 MiB), carries Ray (Serve, Tune) and Optuna for sweeping and serving on
+# the device: Ray's wheel LZMA-recompressed without its Java jar (ray_dist.jar, 31 MiB compressed, used
+# only by Ray's Java API) and the dashboard's source map, Ray's runtime needs and Optuna's database stack
+# from .stage/dl4, Optuna from .stage/dl (not py-spy: nothing here profiles).
 #   bash benchmarks/gpu/stage_turbomind.sh           # LZMA takes minutes of one core (cached in .stage/lz)
 # Device calls: benchmarks/gpu/turbomind_device.sh (t1, t2, measure).
 set -euo pipefail
@@ -44,10 +44,10 @@ for f in $S/q1/*.whl $S/q2/*.whl; do
     *) cp "$f" $S/t1/ ;;
   esac
 done
-cp $S/lz/ray-2.60.0-*.whl $S/r1/
+cp $S/lz/ray-2.60.0-*.whl $S/dl/optuna-*.whl $S/r1/
 for f in $S/dl4/*.whl; do
   case $(basename "$f") in
-    sqlalchemy-*|alembic-*|mako-*|py_spy-*) ;;
+    py_spy-*) ;;
     *) cp "$f" $S/r1/ ;;
   esac
 done

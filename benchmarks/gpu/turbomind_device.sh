@@ -22,6 +22,11 @@
 #       on the trained checkpoint (greedy equality token for token, partings checked for near-ties), then
 #       benchmarks/gpu/serve_engines.py (a table mixing TurboMind and PyTorch MTP-2 served through Ray Serve)
 #   then, until it says done:  OUT=$OUT bash benchmarks/gpu/turbomind_device.sh serve-collect
+# Two independent sweeps and their tables side by side (issue #22 item 2), after t1 (with training) and t2:
+#   carry [".stage/r1"]: OUT=$OUT bash benchmarks/gpu/turbomind_device.sh repro [ARGS...]
+#       installs Ray and Optuna, waits for the trained weights, starts measure_reproducibility.py in the
+#       background (ARGS go to it; --reuse in a later lease keeps sweeps already done)
+#   then, until it says done:  OUT=$OUT bash benchmarks/gpu/turbomind_device.sh repro-collect
 # Where a measurement's spread comes from (issue #22 item 2), without training:
 #   carry [".stage/t1"]: NO_TRAIN=1 OUT=$OUT bash benchmarks/gpu/turbomind_device.sh t1
 #   carry [".stage/t2"]: OUT=$OUT bash benchmarks/gpu/turbomind_device.sh suspects [DEADLINE_S]
@@ -128,6 +133,22 @@ case $STEP in
         --work /root/tm/serve-work > /root/tm/serve/serve_engines.log 2>&1;
       touch /root/tm/serve/done" > /root/tm/serve/job.log 2>&1 < /dev/null &
     sleep 5; echo "serve job started"
+    ;;
+  repro)
+    bash .stage/r1/install_part.sh
+    python3 -c "import ray, ray.serve, ray.tune, optuna, lmdeploy; print('ray', ray.__version__, 'optuna', optuna.__version__)" || exit 1
+    for _ in $(seq 1 60); do grep -q "saved /root/ckpt/model.safetensors" /root/tm/train.log && break; sleep 5; done
+    mkdir -p /root/tm/repro && rm -f /root/tm/repro/done && cp /root/tm/train.log /root/tm/repro/
+    shift
+    setsid nohup bash -c "source benchmarks/gpu/device_env.sh; source /root/tm/env.sh;
+      python3 benchmarks/gpu/measure_reproducibility.py --ckpt /root/ckpt --out /root/tm/repro --work /root/tm/repro-work $* \
+        > /root/tm/repro/repro.log 2>&1; touch /root/tm/repro/done" > /dev/null 2>&1 < /dev/null &
+    sleep 5; echo "reproducibility job started"
+    ;;
+  repro-collect)
+    grep "\[e2e" /root/tm/repro/repro.log 2>/dev/null | grep -v '\$ ' | tail -6
+    [ -f /root/tm/repro/done ] && echo "REPRO DONE" || echo "reproducibility job still running"
+    cp /root/tm/repro/*.json /root/tm/repro/*.log /root/tm/repro/*.tgz "$OUT/" 2>/dev/null
     ;;
   serve-collect)
     grep -E "PASSED|FAILED|ERROR|passed|failed" /root/tm/serve/gpu_tests_trained.log 2>/dev/null | tail -6
