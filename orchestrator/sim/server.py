@@ -476,6 +476,8 @@ def build_app(engine: SimEngine) -> web.Application:
         created = int(engine.sim_timestamp())
         obj = "chat.completion.chunk" if chat else "text_completion"
         finished = False
+        resp: web.StreamResponse | None = None
+        generated = 0
         try:
             if not args["stream"]:
                 parts: list[str] = []
@@ -534,6 +536,11 @@ def build_app(engine: SimEngine) -> web.Application:
                 await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
+            return resp
+        except ConnectionResetError:  # the client closed its stream early (aiohttp's reset subclasses it)
+            if resp is None:
+                raise
+            log.debug("request %s: client closed the stream after %d tokens", rid, generated)
             return resp
         finally:
             if not finished:  # client went away (or an error): free its KV blocks

@@ -294,3 +294,25 @@ def test_crash_after_and_hang_after() -> None:
     finally:
         crash.stop()
         hang.stop()
+
+
+def test_a_client_closing_its_stream_early_frees_the_request_without_a_traceback() -> None:
+    """Benchmarks stop reading streams early (a steady-state stop, a timeout): the simulated engine
+    cancels the request (its running gauge drops back) and logs no traceback for it — an error log per
+    closed stream buried real errors under noise."""
+    with running(*MTP, time_scale=20.0) as sim:
+        stream = sim.client().completions.create(model=DEFAULT_PROFILE, prompt="hello", max_tokens=4000, stream=True,
+                                                 extra_body={"ignore_eos": True})
+        for i, _chunk in enumerate(stream):
+            if i == 2:
+                break
+        stream.close()
+        deadline = time.monotonic() + 20
+        while _metrics(sim).get("lmdeploy:num_requests_running", 1.0) > 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _metrics(sim)["lmdeploy:num_requests_running"] == 0
+        _post_completion(sim.base)  # still serving
+        time.sleep(0.5)
+        sim.stop()
+        out = sim.proc.stdout.read()
+    assert "Traceback" not in out and "Error handling request" not in out, out[-3000:]
