@@ -20,7 +20,8 @@ How it runs (all on the GPU the caller is given):
    LMDeploy's ``/metrics`` counters, ``1 + Δaccepted / (Δdraft_tokens / N)``; compared with the
    prediction (±0.15 is the acceptance bar). Greedy outputs of every MTP server are compared with
    the MTP-off server's, text for text.
-4. The matrix, cell by cell (every config per cell, so a deadline leaves whole comparisons): the
+4. The matrix, after one unmeasured full-length wave per engine (the first-run effect), cell by
+   cell (every config per cell, so a deadline leaves whole comparisons): the
    project's bench client (:func:`tuning.bench.benchmark`) on the ``random`` dataset cut from
    held-out Python source (``range_ratio`` 1: every prompt ``--input-len`` tokens, every output
    exactly the bucket length), one wave of ``concurrency`` requests (2 for concurrency 1). The
@@ -329,6 +330,17 @@ def run_matrix(engines, expected, args, results, save) -> None:
     cells = results["matrix"]
     durations: dict[tuple[int, int], float] = {}
     order = [(b, c) for b in args.buckets for c in args.concurrency]
+    if use_bench:
+        # One unmeasured full-length wave per engine first: a fresh engine's first full-length run is
+        # 15-45 % slower than the next (benchmarks/results/gpu_suspects_h200_2026-12-01), which would
+        # bias whichever cell came first.
+        conc = min(64, max(args.concurrency))
+        wl = Workload(dataset="random", input_len=args.input_len, output_len=max(args.buckets), range_ratio=1.0,
+                      num_prompts=conc, max_concurrency=conc, temperature=0.0, ignore_eos=True, seed=1, name="burn-in")
+        for label, eng in engines.items():
+            if eng.is_alive() and args.deadline_s - (time.monotonic() - results["_t0"]) > 60:
+                _bench_cell(eng, wl, counter)
+                log(f"burn-in wave on {label} done")
     for bucket, conc in order:
         n_prompts = 2 if conc == 1 else conc
         for label, eng in engines.items():
