@@ -433,6 +433,11 @@ def gains_over(figures: BucketFigures, baselines: Mapping[str, BucketFigures]) -
 
 #: A cell's config must beat the one it replaces by more than this (the noise floor of figures measured
 #: once, whose confidence intervals have no width); the replica plan holds several configs to it too.
+CELL_DROPPED = "GPU(s); dropped"
+"""How the budget-fitting step's note on a dropped cell ends. A replica plan made afterwards re-decides
+every part of the mix from all measured configs, so its own notes supersede these
+(:func:`tuning.sweep.choose.plan_replicas` leaves them out)."""
+
 CELL_MIN_GAIN = 0.03
 
 
@@ -616,7 +621,7 @@ def _fit_cells(routes: list[BucketRoute], budget: GpuBudget) -> tuple[list[Bucke
         _, i, j = min(candidates)
         cell = routes[i].cells[j]
         notes.append(f"{routes[i].name} cell {cell.sampling}@{cell.min_in_flight}: "
-                     f"{cell.engine_config().label()} does not fit {budget.gpus} GPU(s); dropped")
+                     f"{cell.engine_config().label()} does not fit {budget.gpus} {CELL_DROPPED}")
         routes[i] = routes[i].model_copy(update={"cells": routes[i].cells[:j] + routes[i].cells[j + 1:]})
     return routes, notes
 

@@ -69,6 +69,20 @@ def test_on_three_engines_the_cell_does_not_pay_for_its_replica_and_one_config_s
     assert b.gains["mtp_off"] == pytest.approx(0.0) and b.gains["static"] == pytest.approx(800 / 900 - 1)
 
 
+def test_on_one_engine_the_plans_notes_supersede_the_fitting_steps_dropped_cell():
+    """One tp-8 engine: fitting the table as chosen (MTP-3 + an MTP-off cell) to 8 GPUs drops the cell
+    and says so; the plan then puts MTP off on the one replica for everything (the best single config
+    on the half-sampled mix). The table's notes say what the plan serves, not a drop it made moot."""
+    df = _frame()
+    fitted = pick_best(df, BUCKETS, provenance=PROV, budget=GpuBudget(gpus=8))
+    assert fitted.buckets[0].cells == ()
+    assert [n for n in fitted.provenance.gpu_budget.notes if n.endswith("GPU(s); dropped")]
+    budget = plan_replicas(fitted, df, BUCKETS, HALF).provenance.gpu_budget
+    assert budget.replicas == {OFF.key(): 1}
+    assert "replicas planned on 8 GPU(s)" in budget.notes[0]
+    assert not [n for n in budget.notes if n.endswith("GPU(s); dropped")], budget.notes
+
+
 def test_without_a_traffic_mix_the_measured_bands_count_alike():
     assert _table(32, traffic=None).provenance.gpu_budget.replicas == {MTP3.key(): 2, OFF.key(): 2}
     assert "the buckets' workloads in proportion, greedy/sampled alike" in \

@@ -15,7 +15,7 @@ from orchestrator import table as routing
 from orchestrator.config import API_DEFAULT_TEMPERATURE, EngineConfig
 from orchestrator.table import Provenance, RoutingTable
 from tuning.buckets import Bucket
-from tuning.results import CELL_MIN_GAIN, gains_over, pick_best
+from tuning.results import CELL_DROPPED, CELL_MIN_GAIN, gains_over, pick_best
 from tuning.sweep.spec import SweepSpec
 
 __all__ = ["choose_table", "commit_table", "plan_replicas", "table_targets"]
@@ -52,7 +52,9 @@ def plan_replicas(table: RoutingTable, results: Any, buckets: Sequence[Bucket], 
     assert budget is not None
 
     def noted(*notes: str, replicas: dict[str, int] | None = None, buckets: Any = None) -> RoutingTable:
-        new_budget = budget.model_copy(update={"notes": (*budget.notes, *notes), "replicas": replicas or {}})
+        # A plan re-decides every part of the mix, so the fitting step's dropped cells are moot then.
+        kept = budget.notes if buckets is None else tuple(n for n in budget.notes if not n.endswith(CELL_DROPPED))
+        new_budget = budget.model_copy(update={"notes": (*kept, *notes), "replicas": replicas or {}})
         return table.model_copy(update={"provenance": table.provenance.model_copy(update={"gpu_budget": new_budget}),
                                         **({"buckets": buckets} if buckets is not None else {})})
 
