@@ -433,12 +433,12 @@ def gains_over(figures: BucketFigures, baselines: Mapping[str, BucketFigures]) -
 
 #: A cell's config must beat the one it replaces by more than this (the noise floor of figures measured
 #: once, whose confidence intervals have no width); the replica plan holds several configs to it too.
+CELL_MIN_GAIN = 0.03
+
 CELL_DROPPED = "GPU(s); dropped"
 """How the budget-fitting step's note on a dropped cell ends. A replica plan made afterwards re-decides
 every part of the mix from all measured configs, so its own notes supersede these
 (:func:`tuning.sweep.choose.plan_replicas` leaves them out)."""
-
-CELL_MIN_GAIN = 0.03
 
 
 def pick_best(
@@ -505,10 +505,6 @@ def pick_best(
     unconstrained = consolidate([ranked for _, _, ranked, _ in found])
     chosen = unconstrained
     notes: list[str] = []
-    within = [f"{b.name}: {_describe(row)} serves it, within noise of {_describe(ranked[0])} "
-              f"({float(row['output_throughput']) / float(ranked[0]['output_throughput']) - 1:+.1%}; intervals over "
-              f"{len(repeat_throughputs(row))} rounds overlap)"
-              for (b, _, ranked, _), row in zip(found, unconstrained) if row["engine_key"] != ranked[0]["engine_key"]]
     if budget is not None and not budget.fits(_engine(r) for r in {r["engine_key"]: r for r in chosen}.values()):
         fitted = _fit_primaries([ranked for _, _, ranked, _ in found], budget)
         if fitted is None:
@@ -523,6 +519,11 @@ def pick_best(
             notes.insert(0, f"the best config per bucket needs {_gpus_of(unconstrained, budget)} GPUs, over the "
                             f"budget of {budget.gpus}; this table's geometric-mean output throughput over the "
                             f"buckets is {ratio - 1:+.1%} against it")
+    within = [f"{b.name}: {_describe(row)} serves it, within noise of {_describe(ranked[0])} "
+              f"({float(row['output_throughput']) / float(ranked[0]['output_throughput']) - 1:+.1%}; intervals over "
+              f"{len(repeat_throughputs(row))} rounds overlap)"
+              for (b, _, ranked, _), row in zip(found, chosen)
+              if row["engine_key"] != ranked[0]["engine_key"] and within_noise(row, ranked[0])]
     placed = {r["engine_key"]: _engine(r) for r in chosen}
     routes = []
     for (b, baselines, _, at_bucket), row in zip(found, chosen):
