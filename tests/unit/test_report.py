@@ -247,3 +247,12 @@ def test_the_page_shows_the_serving_budget_and_the_planned_replicas(sim_run):
     page = report.render_html(report.SweepRun(run_dir=None, results=run.results, table=planned), {})
     assert "Serving budget: 32 GPU(s)" in page and f"{cfg.label()}</code> x4" in page
     assert "replicas planned on 32 GPU(s) for the traffic mix" in page
+
+
+def test_the_page_says_where_a_shared_config_serves_a_bucket_within_noise(sim_run):
+    run = report.load_run(sim_run)
+    assert "Within noise" not in report.render_html(run, {})  # one round per figure: no such choice
+    note = "le1024: MTP-4 (8,400 tok/s) serves it, within noise of MTP-3 (8,600 tok/s) (-2.3%; intervals over 3 rounds overlap)"
+    noted = run.table.model_copy(update={"provenance": run.table.provenance.model_copy(update={"notes": (note,)})})
+    page = report.render_html(report.SweepRun(run_dir=None, results=run.results, table=noted), {})
+    assert "<h2>Within noise</h2>" in page and "intervals over 3 rounds overlap" in page
