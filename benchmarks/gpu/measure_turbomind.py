@@ -155,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output-len", default="512", help="comma-separated output lengths (one cell each)")
     p.add_argument("--temperatures", default="0,0.8")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--retries", type=int, default=1, help="runs again a wave that lost requests (it is left out "
+                   "of the summary), up to this often per cell and round")
     p.add_argument("--memory-fraction", type=float, default=0.1)
     p.add_argument("--deadline-s", type=float, default=480, help="no engine starts after this (from the start)")
     a = p.parse_args(argv)
@@ -231,20 +233,25 @@ def main(argv: list[str] | None = None) -> int:
                                   tokenizer=tokenizer, request_timeout_s=600)
                 eng = running[1]
                 for olen, conc, temp in [(o, c, t) for o in olens for c in concs for t in temps]:
-                    r = benchmark(eng.base_url, workload(temp, conc, olen), tokenizer=tokenizer,
-                                  engine_config=configs[name], request_timeout_s=600).to_dict()
-                    row = {"round": rnd, "engine": name, "output_len": olen, "concurrency": conc, "temperature": temp,
-                           "output_throughput": r.get("output_throughput"), "duration_s": r.get("duration_s"),
-                           "completed": r.get("completed"), "failed": r.get("failed"),
-                           "failure_reasons": r.get("failure_reasons") or None,
-                           "accept_length": r.get("accept_length"),
-                           "ttft_ms_median": (r.get("ttft_ms") or {}).get("median"),
-                           "tpot_ms_median": (r.get("tpot_ms") or {}).get("median"),
-                           "at_s": round(time.monotonic() - t0, 1)}
-                    res["rows"].append(row)
-                    log(f"round {rnd} {name} o={olen} c={conc} T={temp:g}: {row['output_throughput']:,.0f} tok/s "
-                        f"in {row['duration_s']:.1f} s, accept {row['accept_length']}")
-                    save()
+                    for attempt in range(1 + a.retries):
+                        r = benchmark(eng.base_url, workload(temp, conc, olen), tokenizer=tokenizer,
+                                      engine_config=configs[name], request_timeout_s=600).to_dict()
+                        row = {"round": rnd, "engine": name, "output_len": olen, "concurrency": conc,
+                               "temperature": temp, "attempt": attempt,
+                               "output_throughput": r.get("output_throughput"), "duration_s": r.get("duration_s"),
+                               "completed": r.get("completed"), "failed": r.get("failed"),
+                               "failure_reasons": r.get("failure_reasons") or None,
+                               "accept_length": r.get("accept_length"),
+                               "ttft_ms_median": (r.get("ttft_ms") or {}).get("median"),
+                               "tpot_ms_median": (r.get("tpot_ms") or {}).get("median"),
+                               "at_s": round(time.monotonic() - t0, 1)}
+                        res["rows"].append(row)
+                        log(f"round {rnd} {name} o={olen} c={conc} T={temp:g}: {row['output_throughput']:,.0f} tok/s "
+                            f"in {row['duration_s']:.1f} s, accept {row['accept_length']}"
+                            + (f", {row['failed']} failed: {row['failure_reasons']}" if row["failed"] else ""))
+                        save()
+                        if not row["failed"]:
+                            break  # a wave that lost requests is left out of the summary: run it again
     finally:
         if running is not None:
             running[1].stop()
