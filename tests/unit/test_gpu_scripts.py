@@ -1,0 +1,78 @@
+"""The pure parts of the GPU measurement scripts (their GPU runs are recorded under benchmarks/results):
+the order conditions are measured in, how rounds are paired and pooled, which engines a landscape runs
+and what it reports."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.gpu import measure_landscape as landscape  # noqa: E402
+from benchmarks.gpu import measure_suspects as suspects  # noqa: E402
+
+
+def test_every_condition_takes_every_slot_once_in_four_rounds():
+    orders = [suspects.order_of(r) for r in range(4)]
+    assert all(sorted(o) == sorted(suspects.CONDITIONS) for o in orders)
+    for slot in range(4):
+        assert sorted(o[slot] for o in orders) == sorted(suspects.CONDITIONS)
+
+
+def _runs(start: int, quiet: list[float], busy: list[float]) -> list[dict]:
+    return ([{"engine_start": start, "round": r, "condition": "quiet", "output_throughput": q} for r, q in enumerate(quiet)]
+            + [{"engine_start": start, "round": r, "condition": "busy1", "output_throughput": b} for r, b in enumerate(busy)]
+            + [{"engine_start": start, "round": None, "condition": "first-wave", "output_throughput": 1.0}])
+
+
+def test_a_condition_is_compared_with_the_quiet_run_of_its_own_round_and_engine():
+    """Two engine starts 2x apart in speed: paired per (start, round), busy1 is 0.9x in every round —
+    a difference the unpaired means (wide apart by the starts) could never show."""
+    runs = _runs(0, [100, 104], [90, 93.6]) + _runs(1, [200, 196], [180, 176.4])
+    s = suspects.summarize(runs)
+    assert s["busy1"]["ratio_to_quiet"] == pytest.approx(0.9) and s["busy1"]["matters"] is True
+    assert s["busy1"]["ratio_ci"][1] < 1.0 and s["quiet"]["n"] == 4
+    noisy = suspects.summarize(_runs(0, [100, 100, 100], [80, 120, 95]))
+    assert noisy["busy1"]["matters"] is False  # its interval holds 1
+
+
+def test_pooled_starts_keep_their_rounds_apart():
+    a = {"runs": _runs(0, [100, 104], [90, 93.6]), "command": "one", "starts_s": {"test": 1.0}}
+    b = {"runs": _runs(0, [200, 196], [180, 176.4]), "command": "two", "starts_s": {"test": 2.0}}
+    both = suspects.pooled([a, b])
+    assert {r["engine_start"] for r in both["runs"]} == {0, 1}
+    assert both["summary"]["busy1"]["n"] == 4 and both["command"] == "one ; two"
+    assert suspects.pooled([a]) is a
+
+
+def _args(**kw):
+    return argparse.Namespace(
+        **{"agreements": [0.5, 0.9], "draft_tokens": [1, 3], "concurrency": [1, 64], "temperatures": [0.0, 0.8],
+           "output_len": [128], **kw})
+
+
+def test_the_landscape_runs_mtp_off_once_then_every_agreement_and_draft_count():
+    names = [e["name"] for e in landscape.engines_planned(_args())]
+    assert names == ["mtp-off", "a0.5-mtp1", "a0.5-mtp3", "a0.9-mtp1", "a0.9-mtp3"]
+    cells = landscape.cells_of(_args())
+    assert len(cells) == 4 and len({landscape.cell_key(n, *c) for n in names for c in cells}) == 20
+
+
+def test_the_landscape_report_puts_each_config_against_mtp_off_with_predicted_acceptance():
+    def cell(engine, n, ag, c, tput, acc=None, pred=None):
+        return {"engine": engine, "agreement": ag, "draft_tokens": n, "output_len": 128, "temperature": 0.0,
+                "concurrency": c, "output_throughput": tput, "accept_length": acc, "predicted_accept_length": pred,
+                "failed": 0}
+
+    state = {"simulated": False, "preset": landscape.PRESET, "commands": ["python x"], "host": {}, "sharpness": 8.0,
+             "input_len": 512, "waves": 2, "starts_s": {},
+             "cells": {"a": cell("mtp-off", 0, None, 1, 100.0), "b": cell("a0.7-mtp3", 3, 0.7, 1, 150.0, 3.4, 3.45)}}
+    page = landscape.render(state)
+    assert "## agreement 0.7, output 128, T 0" in page
+    assert "| 1 | 100 | 1.50x (3.40 / 3.45) |" in page
+    assert "SIMULATED" not in page
