@@ -51,6 +51,8 @@ APP = "mtp"
 HTTP_PORT = 8000
 METRICS_PORT = 8080
 SIM_PROFILE = "tiny-qwen35-1xh200"
+SIM_TIME_SCALE = 5.0
+"""The simulated engines' speed-up in a dry run: the sweep measures at it and the deploy serves at it."""
 # Engine counters per backend: (finished requests, generated tokens).
 ENGINE_COUNTERS = {
     "lmdeploy": ("lmdeploy:request_success_total", "lmdeploy:generation_tokens_total"),
@@ -166,7 +168,7 @@ def sweep_cmd(a: argparse.Namespace, run_dir: Path, *, sweep_id: str, num_trials
            "--memory-fraction", a.memory_fractions, "--max-batch-size", str(a.max_batch_size), "--seed", "0",
            "--repeats", str(a.repeats), "--backends", "pytorch"]
     if a.sim:
-        cmd += ["--sim-profile", SIM_PROFILE, "--sim-time-scale", "5"]
+        cmd += ["--sim-profile", SIM_PROFILE, "--sim-time-scale", f"{SIM_TIME_SCALE:g}"]
     else:
         cmd += ["--model", a.ckpt, "--session-len", str(a.session_len)]
         if share:  # the budget is meant for shared engines (without sharing each tp=1 engine takes a GPU)
@@ -242,11 +244,11 @@ def pack(run_dir: Path, dest: Path) -> None:
 
 
 # ----- phase: serve ---------------------------------------------------------------------------------------
-def deploy_cmd(table: Path, *, share: bool, log_dir: Path) -> list[str]:
+def deploy_cmd(table: Path, *, share: bool, log_dir: Path, sim: bool = False) -> list[str]:
     cmd = [sys.executable, "-m", "orchestrator.deploy", "--routing-table", str(table), "--address", "auto",
            "--http-host", "127.0.0.1", "--http-port", str(HTTP_PORT), "--app-name", APP,
            "--engine-log-dir", str(log_dir)]
-    return cmd + (["--share-gpu"] if share else [])
+    return cmd + (["--share-gpu"] if share else []) + (["--sim-time-scale", f"{SIM_TIME_SCALE:g}"] if sim else [])
 
 
 def engine_infos() -> dict[str, dict[str, Any]]:
@@ -455,7 +457,7 @@ def serve_delete() -> None:
 
 
 def deploy(table_path: Path, a: argparse.Namespace, *, share: bool, scale: str | None = None) -> dict[str, Any]:
-    cmd = deploy_cmd(table_path, share=share, log_dir=Path(a.work) / "serve-logs")
+    cmd = deploy_cmd(table_path, share=share, log_dir=Path(a.work) / "serve-logs", sim=a.sim)
     if scale:
         cmd += ["--scale", scale]
     t = time.monotonic()

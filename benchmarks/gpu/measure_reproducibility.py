@@ -52,7 +52,7 @@ def sweep(tag: str, a: argparse.Namespace) -> dict[str, Any]:
 
 
 def deploy(tag: str, table_path: Path, a: argparse.Namespace) -> dict[str, Any]:
-    cmd = e2e.deploy_cmd(table_path, share=not a.sim, log_dir=Path(a.work) / f"serve-logs-{tag}")
+    cmd = e2e.deploy_cmd(table_path, share=not a.sim, log_dir=Path(a.work) / f"serve-logs-{tag}", sim=a.sim)
     cmd[cmd.index("--app-name") + 1] = f"repro-{tag}"
     cmd += ["--route-prefix", f"/{tag}"]
     proc = e2e.run(cmd, timeout=600, check=False)

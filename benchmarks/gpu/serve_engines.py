@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     write_table(table_path, cfgs, model=SIM_PROFILE if a.sim else a.ckpt, sim=a.sim)
     result: dict[str, Any] = {"simulated": a.sim, "table": json.loads(table_path.read_text()), "started": utc_now_iso()}
     with e2e.ray_cluster([0], sim=a.sim, num_cpus=a.num_cpus):
-        result["deploy"] = e2e.deploy(table_path, argparse.Namespace(work=str(work)), share=not a.sim)
+        result["deploy"] = e2e.deploy(table_path, argparse.Namespace(work=str(work), sim=a.sim), share=not a.sim)
         if result["deploy"]["rc"] == 0:
             from ray import serve
 
