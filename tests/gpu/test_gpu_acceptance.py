@@ -59,7 +59,11 @@ def test_measured_accept_length_matches_the_prediction(engine, checkpoint: Path,
     from tokenizers import Tokenizer
 
     from tuning.bench import benchmark
-    from tuning.checkpoint.build import collect_source_files, predicted_accept_length, read_texts
+    from tuning.checkpoint.build import (
+        collect_source_files,
+        predicted_accept_length,
+        read_texts,
+    )
     from tuning.workload import HFTokenCounter, Workload
 
     corpus = "\n".join(read_texts(collect_source_files(max_bytes=1 << 20, split="eval")))

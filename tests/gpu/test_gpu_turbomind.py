@@ -20,7 +20,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from gpu_helpers import complete, generate_ids, kill_9_and_check_memory_freed, next_token_logprobs
+from gpu_helpers import (
+    complete,
+    generate_ids,
+    kill_9_and_check_memory_freed,
+    next_token_logprobs,
+)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow, pytest.mark.timeout(1500)]
 
