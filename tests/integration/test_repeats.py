@@ -191,6 +191,11 @@ def test_burn_in_is_on_for_real_engines_and_can_be_turned_off(tmp_path, model_di
         return build_spec(_parser().parse_args([*argv, "--run-dir", run_dir]), cluster_gpus=8)
 
     assert spec("--model", str(model)).trial_context(None, None).plan.burn_in is True
+    # ... and real engines measure in rounds, so their figures carry intervals; the simulator once.
+    from tuning.sweep import GPU_ROUNDS
+
+    assert GPU_ROUNDS >= 2 and spec("--model", str(model)).repeats == GPU_ROUNDS
+    assert spec("--model", str(model), "--repeats", "1").repeats == 1 and spec().repeats == 1
     assert spec("--model", str(model), "--no-burn-in").trial_context(None, None).plan.burn_in is False
     assert spec().trial_context(None, None).plan.burn_in is False  # the simulator has nothing to burn in
 

@@ -25,6 +25,7 @@ import importlib
 from typing import Any
 
 __all__ = [
+    "GPU_ROUNDS",
     "GPU_WARMUP_REQUESTS",
     "MeasurePlan",
     "SweepError",
@@ -45,7 +46,7 @@ __all__ = [
 ]
 
 _HOMES = {
-    "GPU_WARMUP_REQUESTS": "spec", "SweepError": "spec", "SweepSpec": "spec", "build_spec": "spec",
+    "GPU_ROUNDS": "spec", "GPU_WARMUP_REQUESTS": "spec", "SweepError": "spec", "SweepSpec": "spec", "build_spec": "spec",
     "load_defaults": "spec", "resumed_spec": "spec", "short_measurement_warnings": "spec",
     "MeasurePlan": "measure", "measure_config": "measure",
     "SweepOutcome": "runner", "run_sweep": "runner",

@@ -28,6 +28,7 @@ from orchestrator.errors import OrchestratorError
 from orchestrator.sim.model import DEFAULT_PROFILE
 from tuning.sweep.budget import BUDGET_FILE, read_budget
 from tuning.sweep.spec import (
+    GPU_ROUNDS,
     GPU_WARMUP_REQUESTS,
     SweepError,
     build_spec,
@@ -87,7 +88,8 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--no-burn-in", action="store_true",
                    help="with --model, do not run the first bucket once unmeasured before measuring (a fresh "
                         "LMDeploy engine's first full-load run is slower than the ones after it)")
-    w.add_argument("--repeats", type=int, metavar="R", help="rounds of every bucket on the same engine (default 1); "
+    w.add_argument("--repeats", type=int, metavar="R", help="rounds of every bucket on the same engine (default "
+                   f"{GPU_ROUNDS} with --model, 1 on the simulator); "
                    "the lower-median run counts, every run's throughput and their spread go to results.csv, and "
                    "a config is preferred over another only when their intervals over the rounds part; with "
                    "--share-gpu the rounds of co-resident configs take turns on the GPU")

@@ -30,7 +30,7 @@ from tuning.sweep.records import metric_name
 from tuning.sweep.space import SearchSpace, load_space_file
 from tuning.sweep.trial import TrialContext
 
-__all__ = ["DEFAULTS_PATH", "GPU_WARMUP_REQUESTS", "SweepError", "SweepSpec", "build_spec", "load_defaults",
+__all__ = ["DEFAULTS_PATH", "GPU_ROUNDS", "GPU_WARMUP_REQUESTS", "SweepError", "SweepSpec", "build_spec", "load_defaults",
            "new_sweep_id", "resumed_spec", "short_measurement_warnings"]
 
 DEFAULTS_PATH = Path(__file__).resolve().parent.parent / "defaults.yaml"
@@ -46,6 +46,13 @@ def load_defaults(path: str | Path = DEFAULTS_PATH) -> dict[str, Any]:
     except (OSError, yaml.YAMLError) as e:
         raise SweepError(f"cannot read sweep defaults {path}: {e}") from None
 
+
+GPU_ROUNDS = 3
+"""Rounds of every bucket per engine on real engines (``--repeats``): one wave of a real engine moves
+12-17 % from the next, so a figure measured once cannot tell configs a few per cent apart, and two
+configs are called different only when their intervals over the rounds part — which needs at least two
+rounds; three give an interval at all once one round is an outlier. The simulator's figures do not
+scatter like that: one round there."""
 
 GPU_WARMUP_REQUESTS = 64
 """Warm-up requests per bucket on real engines (one batch at the default concurrency; output capped
@@ -282,7 +289,8 @@ def build_spec(args: argparse.Namespace, defaults: Mapping[str, Any] | None = No
         ready_timeout_s=float(sweep_cfg.get("ready_timeout_s", 900.0)),
         share_gpu=bool(args.share_gpu) and not simulated,
         serve_gpus=args.serve_gpus if args.serve_gpus is not None else sweep_cfg.get("serve_gpus"),
-        repeats=args.repeats if args.repeats is not None else int(sweep_cfg.get("repeats", 1)),
+        repeats=(args.repeats if args.repeats is not None
+                 else int(sweep_cfg.get("repeats") or (1 if simulated else GPU_ROUNDS))),
         burn_in=not simulated and not args.no_burn_in,
     )
 
