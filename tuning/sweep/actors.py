@@ -88,11 +88,11 @@ class GpuLease:
 
     def __init__(self, ttl_s: float = 30.0) -> None:
         self._ttl_s = ttl_s
-        # gpu -> holder -> (mode, until); waiting holds only measurements
+        # gpu -> holder -> (mode, until)
         self._held: dict[str, dict[str, tuple[str, float]]] = {}
-        self._waiting: dict[str, dict[str, tuple[str, float]]] = {}
-        # gpu -> waiting holder -> when it first asked (its place in the queue; kept across refreshes)
-        self._since: dict[str, dict[str, float]] = {}
+        # gpu -> holder -> (mode, until, since); only measurements wait, and ``since`` (when it first
+        # asked, kept across refreshes) is its place in the queue, gone with the wait
+        self._waiting: dict[str, dict[str, tuple[str, float, float]]] = {}
 
     def try_acquire(self, gpus: Sequence[str], holder: str, mode: str = MEASURE) -> bool:
         """Take (or renew) ``holder``'s ``mode`` hold on every GPU in ``gpus``, or on none of them.
@@ -115,8 +115,9 @@ class GpuLease:
             return True
         if mode == MEASURE:
             for g in gpus:
-                self._waiting.setdefault(g, {})[holder] = (MEASURE, until)
-                self._since.setdefault(g, {}).setdefault(holder, now)
+                waiting = self._waiting.setdefault(g, {})
+                since = waiting[holder][2] if holder in waiting else now
+                waiting[holder] = (MEASURE, until, since)
         return False
 
     def renew(self, gpus: Sequence[str], holder: str, mode: str = MEASURE) -> bool:
@@ -159,25 +160,20 @@ class GpuLease:
             return True  # renewal
         others = [m for h, (m, _) in held.items() if h != holder]
         if mode == MEASURE:
-            since = self._since.get(gpu, {})
-            mine = since.get(holder, math.inf)
-            return not others and not any(t < mine for h, t in since.items() if h != holder)
+            waiting = self._waiting.get(gpu, {})
+            mine = waiting[holder][2] if holder in waiting else math.inf
+            return not others and not any(w[2] < mine for h, w in waiting.items() if h != holder)
         waiters = [h for h in self._waiting.get(gpu, {}) if h != holder]
         return MEASURE not in others and not waiters
 
     def _expire(self, now: float) -> None:
         for table in (self._held, self._waiting):
             for g in list(table):
-                for h in [h for h, (_, until) in table[g].items() if until <= now]:
+                for h in [h for h, entry in table[g].items() if entry[1] <= now]:
                     self._drop(table, g, h)
-        for g in list(self._since):  # a place in the queue lives exactly as long as the wait
-            for h in [h for h in self._since[g] if h not in self._waiting.get(g, {})]:
-                del self._since[g][h]
-            if not self._since[g]:
-                del self._since[g]
 
     @staticmethod
-    def _drop(table: dict[str, dict[str, tuple[str, float]]], gpu: str, holder: str) -> None:
+    def _drop(table: dict[str, dict[str, tuple[Any, ...]]], gpu: str, holder: str) -> None:
         entries = table.get(gpu)
         if entries is not None:
             entries.pop(holder, None)
