@@ -82,10 +82,8 @@ def engine_counters(url: str) -> dict[str, float]:
     import httpx
 
     samples = parse_prometheus_text(httpx.get(url + "/metrics", timeout=10).text)
-    names = {"requests": "lmdeploy:request_success_total", "generation_tokens": "lmdeploy:generation_tokens_total",
-             "drafts": DRAFTS}
-    if "sim_requests_total" in samples:
-        names.update(requests="sim_requests_total", generation_tokens="sim_generation_tokens_total")
+    requests, tokens = e2e.ENGINE_COUNTERS["sim" if "sim_requests_total" in samples else "lmdeploy"]
+    names = {"requests": requests, "generation_tokens": tokens, "drafts": DRAFTS}
     return {k: samples.get(v, 0.0) for k, v in names.items()} | {"_names": sorted(samples)}
 
 

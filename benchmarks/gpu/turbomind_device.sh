@@ -43,6 +43,10 @@ source benchmarks/gpu/device_env.sh
 mkdir -p /root/tm "$OUT"
 [ -f /root/tm/env.sh ] && source /root/tm/env.sh
 
+wait_for_weights() {  # the trained checkpoint (t1 started training in the background), up to 5 minutes
+  for _ in $(seq 1 60); do grep -q "saved /root/ckpt/model.safetensors" /root/tm/train.log && return; sleep 5; done
+}
+
 case $STEP in
   t1)
     bash .stage/t1/install_part.sh
@@ -74,7 +78,7 @@ case $STEP in
     timeout 360 python3 -m pytest tests/gpu/test_gpu_turbomind.py -v -s -p no:cacheprovider -o cache_dir=/tmp/pc \
       2>&1 | tee "$OUT/gpu_tests_oracle.log" | grep -E "PASSED|FAILED|ERROR|ready in|passed|failed|prompt "
     echo "pytest (oracle) exit $?"
-    for _ in $(seq 1 60); do grep -q "saved /root/ckpt/model.safetensors" /root/tm/train.log && break; sleep 5; done
+    wait_for_weights
     grep -E "saved|expected accept|exit|Error" /root/tm/train.log | tail -4
     cp /root/tm/train.log "$OUT/train.log"
     MTP_TEST_CHECKPOINT=/root/ckpt timeout 180 python3 -m pytest tests/gpu/test_gpu_turbomind.py -v -s -p no:cacheprovider \
@@ -106,7 +110,7 @@ case $STEP in
   grid)
     bash .stage/t2/install_part.sh
     python3 -c "import lmdeploy, flash_attn_interface, fla; print('lmdeploy', lmdeploy.__version__)" || exit 1
-    for _ in $(seq 1 60); do grep -q "saved /root/ckpt/model.safetensors" /root/tm/train.log && break; sleep 5; done
+    wait_for_weights
     grep -E "saved|expected accept|exit|Error" /root/tm/train.log | tail -4
     mkdir -p /root/tm/grid && cp /root/tm/train.log /root/ckpt/train_report.json /root/ckpt/mtp_expected.json /root/tm/grid/
     python3 benchmarks/gpu/measure_mtp.py --versions > /root/tm/grid/versions.json 2>&1
@@ -122,7 +126,7 @@ case $STEP in
   serve)
     bash .stage/r1/install_part.sh
     python3 -c "import ray, ray.serve, lmdeploy, openai; print('ray', ray.__version__, 'lmdeploy', lmdeploy.__version__)" || exit 1
-    for _ in $(seq 1 60); do grep -q "saved /root/ckpt/model.safetensors" /root/tm/train.log && break; sleep 5; done
+    wait_for_weights
     grep -E "saved|expected accept|exit|Error" /root/tm/train.log | tail -4
     mkdir -p /root/tm/serve && cp /root/tm/train.log /root/tm/serve/
     python3 benchmarks/gpu/measure_mtp.py --versions > /root/tm/serve/versions.json 2>&1
@@ -137,7 +141,7 @@ case $STEP in
   repro)
     bash .stage/r1/install_part.sh
     python3 -c "import ray, ray.serve, ray.tune, optuna, lmdeploy; print('ray', ray.__version__, 'optuna', optuna.__version__)" || exit 1
-    for _ in $(seq 1 60); do grep -q "saved /root/ckpt/model.safetensors" /root/tm/train.log && break; sleep 5; done
+    wait_for_weights
     mkdir -p /root/tm/repro && rm -f /root/tm/repro/done && cp /root/tm/train.log /root/tm/repro/
     shift
     setsid nohup bash -c "source benchmarks/gpu/device_env.sh; source /root/tm/env.sh;
