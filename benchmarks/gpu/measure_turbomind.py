@@ -246,8 +246,8 @@ def main(argv: list[str] | None = None) -> int:
                                "tpot_ms_median": (r.get("tpot_ms") or {}).get("median"),
                                "at_s": round(time.monotonic() - t0, 1)}
                         res["rows"].append(row)
-                        log(f"round {rnd} {name} o={olen} c={conc} T={temp:g}: {row['output_throughput']:,.0f} tok/s "
-                            f"in {row['duration_s']:.1f} s, accept {row['accept_length']}"
+                        log(f"round {rnd} {name} o={olen} c={conc} T={temp:g}: {row['output_throughput'] or 0:,.0f} tok/s "
+                            f"in {row['duration_s'] or 0:.1f} s, accept {row['accept_length']}"
                             + (f", {row['failed']} failed: {row['failure_reasons']}" if row["failed"] else ""))
                         save()
                         if not row["failed"]:

@@ -14,7 +14,8 @@
 #   carry [".stage/t2"]: OUT=$OUT bash benchmarks/gpu/turbomind_device.sh grid [DEADLINE_S]
 #       installs part 2, waits for the trained weights, then in the background: the sampling-correctness
 #       GPU test, then measure_turbomind.py over TurboMind and PyTorch MTP off / 2 / 4 at output 512 and
-#       128, concurrency 8, 64, 256, temperature 0 and 0.8, two rounds (no engine starts after DEADLINE_S)
+#       128, concurrency 8, 64, 256, temperature 0 and 0.8, two rounds (no engine starts after DEADLINE_S);
+#       GRID_CONC=256 / GRID_ROUNDS=3 / GRID_SAMPLING=0 (skip the sampling test) narrow or widen it
 #   then, until it says done:  OUT=$OUT bash benchmarks/gpu/turbomind_device.sh collect
 # Serving (issue #19 items 2 and 5), detached; after t1 (with training) and t2:
 #   carry [".stage/r1"]: OUT=$OUT bash benchmarks/gpu/turbomind_device.sh serve
@@ -115,11 +116,12 @@ case $STEP in
     mkdir -p /root/tm/grid && cp /root/tm/train.log /root/ckpt/train_report.json /root/ckpt/mtp_expected.json /root/tm/grid/
     python3 benchmarks/gpu/measure_mtp.py --versions > /root/tm/grid/versions.json 2>&1
     setsid nohup bash -c "source benchmarks/gpu/device_env.sh; source /root/tm/env.sh;
-      MTP_TEST_CHECKPOINT=/root/ckpt timeout 700 python3 -m pytest tests/gpu/test_gpu_sampling.py -v -s \
-        -p no:cacheprovider -o cache_dir=/tmp/pc > /root/tm/grid/sampling.log 2>&1;
+      [ \"${GRID_SAMPLING:-1}\" = 1 ] && MTP_TEST_CHECKPOINT=/root/ckpt timeout 700 python3 -m pytest \
+        tests/gpu/test_gpu_sampling.py -v -s -p no:cacheprovider -o cache_dir=/tmp/pc > /root/tm/grid/sampling.log 2>&1;
       python3 benchmarks/gpu/measure_turbomind.py --ckpt /root/ckpt --out /root/tm/grid/measure \
-        --engines turbomind,pytorch-mtp-off,pytorch-mtp2,pytorch-mtp4 --concurrency 8,64,256 --output-len 512,128 \
-        --temperatures 0,0.8 --rounds 2 --deadline-s ${2:-900} > /root/tm/grid/measure.log 2>&1;
+        --engines turbomind,pytorch-mtp-off,pytorch-mtp2,pytorch-mtp4 --concurrency ${GRID_CONC:-8,64,256} \
+        --output-len 512,128 --temperatures 0,0.8 --rounds ${GRID_ROUNDS:-2} --deadline-s ${2:-900} \
+        > /root/tm/grid/measure.log 2>&1;
       touch /root/tm/grid/done" > /root/tm/grid/job.log 2>&1 < /dev/null &
     sleep 5; echo "grid started"
     ;;
