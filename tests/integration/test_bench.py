@@ -216,6 +216,76 @@ def test_figures_are_the_same_whether_a_chunk_carries_one_engine_step_or_many():
     assert grouped == per_step  # exactly: the same stamps, the same arithmetic
 
 
+def _plain_server(text_for):
+    """A real OpenAI-style completions server (not simulated) that streams ``text_for(prompt, n)``'s
+    chunks, one per token, then the usage (when ``text_for`` gives a list) or nothing more."""
+    import asyncio
+    import threading
+
+    from aiohttp import web
+
+    async def models(_r):
+        return web.json_response({"data": [{"id": "m", "owned_by": "test"}]})
+
+    async def completions(request):
+        body = await request.json()
+        chunks, usage = text_for(body["prompt"], body["max_tokens"])
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for text in chunks:
+            chunk = {"choices": [{"index": 0, "text": text}]}
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        if usage is not None:
+            tail = {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": usage}}
+            await resp.write(b"data: " + json.dumps(tail).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", completions)
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    port = find_free_port()
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    def stop():
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+    return f"http://127.0.0.1:{port}", stop
+
+
+def test_tokens_that_decode_to_no_text_count_by_the_engines_usage():
+    """A request whose every token decodes to empty text (special tokens the engine's detokenizer
+    skips; a small model's greedy output can be that for a whole short request) completed: the engine
+    says how many tokens it made. Without a usage figure there is no evidence of output: it failed."""
+    w = Workload(input_len=64, output_len=16, range_ratio=1.0, num_prompts=6, max_concurrency=None, seed=1,
+                 warmup_requests=0)
+    specs = build_requests(w)
+    silent, lost = specs[1].prompt, specs[4].prompt
+
+    def text_for(prompt, n):
+        if prompt == silent:
+            return [""] * n, n
+        if prompt == lost:
+            return [""] * n, None
+        return [" w"] * n, n
+
+    url, stop = _plain_server(text_for)
+    try:
+        r = benchmark(url, w).to_dict()
+    finally:
+        stop()
+    assert not r["simulated"]
+    assert (r["completed"], r["failed"], r["failure_reasons"]) == (5, 1, {"empty response": 1})
+    assert r["total_output_tokens"] == 5 * 16  # the silent request's 16 by its usage, the lost one's none
+
+
 # ----- against the simulated engine ---------------------------------------------------------------
 
 

@@ -287,6 +287,9 @@ async def _send(
         return state.freeze(
             success=False, kind="incomplete stream", error="the stream ended without [DONE]", counter=counter, now=time.monotonic()
         )
-    if state.ttft is None:
+    if state.ttft is None and not state.usage_tokens:
         return state.freeze(success=False, kind="empty response", error="no text was streamed", counter=counter, now=time.monotonic())
+    # Tokens the engine generated but whose text is empty (special tokens the detokenizer skips, as a
+    # small model's greedy output can be for a whole short request) count by the usage the engine
+    # reported; their arrival times are unknown, so such a request has no TTFT or ITL.
     return state.freeze(success=True, kind=None, error="", counter=counter, now=time.monotonic())
