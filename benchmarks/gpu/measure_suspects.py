@@ -170,11 +170,11 @@ def measure(url: str, tokenizer: Any, *, seed: int, num_prompts: int, concurrenc
             "duration_s": r.get("duration_s"), "simulated": sim, "clocks": clocks.summary()}
 
 
-def order_of(round_no: int) -> list[str]:
-    """Round r starts at condition r mod 4 (a Latin square: every condition takes every slot once in
-    four rounds, so a drift within a round favours none)."""
-    k = round_no % len(CONDITIONS)
-    return list(CONDITIONS[k:] + CONDITIONS[:k])
+def order_of(round_no: int, conditions: tuple[str, ...] = CONDITIONS) -> list[str]:
+    """Round r starts at condition r mod n (a Latin square: every condition takes every slot once in
+    n rounds, so a drift within a round favours none)."""
+    k = round_no % len(conditions)
+    return list(conditions[k:] + conditions[:k])
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -216,7 +216,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         tm = base.replace(backend="turbomind")
     result: dict[str, Any] = {
         "command": " ".join(["python", "benchmarks/gpu/measure_suspects.py", *sys.argv[1:]]),
-        "engine": base.key(), "neighbours": [tm.key()] * 2, "simulated": a.sim, "rounds_planned": a.rounds,
+        "engine": base.key(), "neighbours": [tm.key()] * 2, "conditions": a.conditions.split(","), "simulated": a.sim, "rounds_planned": a.rounds,
         "workload": {"input_len": 512, "output_len": 512, "concurrency": a.concurrency, "num_prompts": a.num_prompts},
         "runs": [], "starts_s": {},
     }
@@ -225,8 +225,10 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     result["host"] = measured_on() | package_versions(("torch", "triton", "ray"))
     tokenizer = load_tokenizer(None if a.sim else a.ckpt)
     logs = out_dir / "engine-logs"
+    conditions = tuple(a.conditions.split(","))
+    busy = max((int(c[-1]) for c in conditions if c.startswith("busy")), default=0)
     engines = {"test": EngineProcess(base, log_dir=logs, ready_timeout_s=900)}
-    engines |= {f"neighbour{i}": EngineProcess(tm, log_dir=logs, ready_timeout_s=600) for i in (1, 2)}
+    engines |= {f"neighbour{i}": EngineProcess(tm, log_dir=logs, ready_timeout_s=600) for i in range(1, busy + 1)}
 
     def save() -> None:
         result["summary"] = summarize(result["runs"])
@@ -240,7 +242,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             result["starts_s"][name] = round(time.monotonic() - t, 1)
             log(f"{name} ready in {result['starts_s'][name]} s")
         url = engines["test"].base_url
-        neighbours = [engines["neighbour1"].base_url, engines["neighbour2"].base_url]
+        neighbours = [engines[f"neighbour{i}"].base_url for i in range(1, busy + 1)]
         for label in ("first", "second"):  # the first-run effect, as the sweep's warm-up sees it
             r = measure(url, tokenizer, seed=100, num_prompts=a.concurrency, concurrency=a.concurrency, sim=a.sim)
             result["runs"].append({"condition": f"{label}-wave", "round": None, **r})
@@ -250,7 +252,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             if time.monotonic() - T0 > a.deadline_s:
                 log(f"deadline: {rnd} of {a.rounds} rounds")
                 break
-            for cond in order_of(rnd):
+            for cond in order_of(rnd, conditions):
                 if cond == "cpu":
                     ctx: Any = CpuHog(mp.cpu_count())
                 elif cond.startswith("busy"):
@@ -306,7 +308,7 @@ def render(result: dict[str, Any]) -> str:
         "| condition | rounds | output tok/s per round | mean (95 % CI) | CV | ratio to quiet (95 % CI) | matters |",
         "|---|---|---|---|---|---|---|",
     ]
-    for cond in CONDITIONS:
+    for cond in result.get("conditions", CONDITIONS):
         e = s.get(cond, {})
         ci = f"{e['mean']:,} ({e['ci'][0]:,}–{e['ci'][1]:,})" if "mean" in e else "—"
         ratio = f"{e['ratio_to_quiet']:.3f} ({e['ratio_ci'][0]:.3f}–{e['ratio_ci'][1]:.3f})" if "ratio_to_quiet" in e else "—"
@@ -331,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--render", type=Path, nargs="+", help="print the markdown report of one suspects.json, or of "
                    "several (separate engine starts) pooled, and exit")
     p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--conditions", default=",".join(CONDITIONS),
+                   help=f"a subset of {','.join(CONDITIONS)}, quiet first (neighbours start only for busy ones)")
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--num-prompts", type=int, default=128, help="requests per measurement (two waves at 64)")
     p.add_argument("--deadline-s", type=float, default=420, help="no round starts after this (from the start)")
@@ -340,6 +344,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not a.out:
         p.error("--out is required unless --render")
+    conds = a.conditions.split(",")
+    if "quiet" not in conds or not set(conds) <= set(CONDITIONS) or len(set(conds)) != len(conds):
+        p.error(f"--conditions {a.conditions!r}: distinct names from {','.join(CONDITIONS)}, quiet among them "
+                "(every ratio is to quiet)")
     result = run(a)
     print(render(result), end="")
     return 0

@@ -22,6 +22,14 @@ def test_every_condition_takes_every_slot_once_in_four_rounds():
     assert all(sorted(o) == sorted(suspects.CONDITIONS) for o in orders)
     for slot in range(4):
         assert sorted(o[slot] for o in orders) == sorted(suspects.CONDITIONS)
+    pair = [suspects.order_of(r, ("quiet", "cpu")) for r in range(4)]  # --conditions quiet,cpu: ABBA...
+    assert pair == [["quiet", "cpu"], ["cpu", "quiet"]] * 2
+
+
+def test_a_subset_of_conditions_must_hold_quiet(capsys):
+    with pytest.raises(SystemExit):
+        suspects.main(["--out", "/tmp/never-written", "--conditions", "cpu,busy1"])
+    assert "quiet among them" in capsys.readouterr().err
 
 
 def _runs(start: int, quiet: list[float], busy: list[float]) -> list[dict]:
