@@ -17,6 +17,7 @@ lengths, dense model), so an oracle checkpoint of the same shape measures the pl
     python benchmarks/gpu/measure_turbomind.py --ckpt /root/ckpt --out $OUT [--concurrency 8,64,256] [--deadline-s 480]
     python benchmarks/gpu/measure_turbomind.py --sim --out /tmp/tm      # dry run, simulated engines
     python benchmarks/gpu/measure_turbomind.py --render results.json     # the markdown report
+    python benchmarks/gpu/measure_turbomind.py --render a.json b.json    # several runs pooled per cell
 
 ``--out``/``turbomind_results.json`` is rewritten after every wave (a timeout keeps what was
 measured). With ``--sim`` the engines are the simulator's (no TurboMind backend there yet: its
@@ -36,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-__all__ = ["engine_configs", "render_markdown", "summarize"]
+__all__ = ["counted_rows", "engine_configs", "pooled", "render_markdown", "summarize"]
 
 ENGINES = ("turbomind", "pytorch-mtp-off", "pytorch-mtp3")
 """The default comparison; ``--engines`` takes any ``pytorch-mtpN`` (N draft tokens)."""
@@ -69,17 +70,64 @@ def engine_configs(ckpt: str, names: list[str], *, sim: bool, memory_fraction: f
     return out
 
 
-def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per (engine, concurrency, temperature): throughputs per round, mean, spread; and each engine's
-    mean over the PyTorch engine without MTP in the same cell, with the range the per-round extremes
-    allow."""
+EMPTY_TEXT = "empty response"
+"""The reason the bench client gave, before it counted tokens by the engine's usage, to a request whose
+tokens all decoded to empty text: the engine had made them (fixed-length waves, ``ignore_eos``)."""
+
+
+def counted_rows(rows: list[dict[str, Any]], *, admit_unrecorded: bool = False) -> list[dict[str, Any]]:
+    """The waves a summary counts, one per (run, round, engine, cell): the first that lost no request;
+    failing that, the first whose only losses were requests of empty text (:data:`EMPTY_TEXT`), its
+    throughput scaled by (completed + lost) / completed for the tokens the client did not count, and
+    marked ``admitted``. ``admit_unrecorded`` treats losses without a recorded reason (runs before the
+    client recorded them) the same way; the report says so."""
+    best: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for r in rows:
+        if not r.get("output_throughput"):
+            continue
+        key = (r.get("run", 0), r["round"], r["engine"], r.get("output_len", 512), r.get("concurrency", 64),
+               r["temperature"])
+        lost = r.get("failed") or 0
+        reasons = r.get("failure_reasons")
+        if lost == 0:
+            best[key] = r if not best.get(key) or best[key].get("admitted") else best[key]
+        elif key not in best and r.get("completed") and (
+                (reasons and set(reasons) == {EMPTY_TEXT}) or (reasons is None and admit_unrecorded)):
+            scale = (r["completed"] + lost) / r["completed"]
+            best[key] = r | {"output_throughput": r["output_throughput"] * scale, "admitted": True}
+    return list(best.values())
+
+
+def pooled(results: list[dict[str, Any]], *, admit_unrecorded: bool = False) -> dict[str, Any]:
+    """Several runs of this script as one result: each run's rows tagged with its index, the summary
+    per cell over all of them (a run's rounds and the runs' are alike: each an engine start's
+    measurement), commands and engine starts listed per run."""
+    out = dict(results[0])
+    out["rows"] = [r | {"run": i} for i, res in enumerate(results) for r in res["rows"]]
+    out["runs"] = [{"command": res["command"], "rounds": res["rounds"], "order": res["order"],
+                    "starts": res["starts"], "elapsed_s": res.get("elapsed_s")} for res in results]
+    concs = sorted({c for res in results for c in _as_list(res["workload"]["concurrency"])})
+    out["workload"] = dict(results[0]["workload"], concurrency=concs)
+    out["notes"] = [n for res in results for n in res.get("notes", [])]
+    out["summary"] = summarize(out["rows"], admit_unrecorded=admit_unrecorded)
+    out["admit_unrecorded"] = admit_unrecorded
+    return out
+
+
+def _as_list(x: Any) -> list[Any]:
+    return x if isinstance(x, list) else [x]
+
+
+def summarize(rows: list[dict[str, Any]], *, admit_unrecorded: bool = False) -> dict[str, Any]:
+    """Per (engine, output length, concurrency, temperature): throughputs per round (of every run),
+    mean, 95 % interval, spread; and each engine's mean over the PyTorch engine without MTP in the same
+    cell, with the range the per-round extremes allow. Waves as :func:`counted_rows` picks them."""
     from tuning.stats import mean_confidence_interval
 
     groups: dict[tuple[str, int, int, float], list[dict[str, Any]]] = {}
-    for r in rows:
-        if r.get("output_throughput") and not r.get("failed"):
-            groups.setdefault((r["engine"], r.get("output_len", 512), r.get("concurrency", 64), r["temperature"]),
-                              []).append(r)
+    for r in sorted(counted_rows(rows, admit_unrecorded=admit_unrecorded), key=lambda r: (r.get("run", 0), r["round"])):
+        groups.setdefault((r["engine"], r.get("output_len", 512), r.get("concurrency", 64), r["temperature"]),
+                          []).append(r)
     out: dict[str, Any] = {}
     for (engine, olen, conc, temp), rs in sorted(groups.items()):
         vals = [r["output_throughput"] for r in rs]
@@ -92,6 +140,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "min": round(min(vals), 1), "max": round(max(vals), 1),
             "spread": round((max(vals) - min(vals)) / mean, 4),
             "accept_length": [round(a, 3) for a in accept] or None,
+            "admitted": [bool(r.get("admitted")) for r in rs],
         }
     for s in out.values():
         base = out.get(_key("pytorch-mtp-off", s["output_len"], s["concurrency"], s["temperature"]))
@@ -107,35 +156,48 @@ def _key(engine: str, output_len: int, concurrency: int, temperature: float) -> 
 
 
 def render_markdown(res: dict[str, Any]) -> str:
+    """The report of one run, or of several :func:`pooled` ones (each run's command, order and engine
+    starts listed; a value from a wave admitted by :func:`counted_rows` carries a *)."""
     sim = res.get("simulated")
     w = res["workload"]
-    concs = w["concurrency"] if isinstance(w["concurrency"], list) else [w["concurrency"]]
+    concs = _as_list(w["concurrency"])
     engines = ", ".join(res["engines"])
-    lines = [f"# TurboMind vs LMDeploy's PyTorch engine ({engines}){' — SIMULATED' if sim else ''}",
-             "",
-             f"Command: `{res['command']}`  ",
-             f"Versions: {json.dumps(res.get('versions', {}))}  ",
-             f"Host: {json.dumps(res.get('host', {}))}  ",
-             f"Checkpoint: `{res['ckpt']}`; workload: concurrency {', '.join(map(str, concs))}, one wave of as many "
-             f"requests as the concurrency (`num_prompts` {w.get('num_prompts') or 'per concurrency'}), input "
-             f"{w['input_len']} / output {w['output_len']} tokens (fixed, ignore_eos), one measured wave per cell per "
-             f"round, after {res.get('warmup', 'one unmeasured full-length wave per temperature')} per engine start; "
-             f"{res['rounds']} rounds, order per round: {' | '.join(', '.join(o) for o in res['order'])}.",
-             "", "| engine | output | concurrency | T | output tok/s per round | mean (95 % CI) | spread "
-             "| vs PyTorch MTP off (mean; range) | accept length |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    runs = res.get("runs") or [{"command": res["command"], "rounds": res["rounds"], "order": res["order"],
+                                "starts": res["starts"]}]
+    lines = [f"# TurboMind vs LMDeploy's PyTorch engine ({engines}){' — SIMULATED' if sim else ''}", ""]
+    for i, run in enumerate(runs):
+        lines.append(f"{f'Run {i + 1}: ' if len(runs) > 1 else ''}Command: `{run['command']}`; {run['rounds']} rounds, "
+                     f"order per round: {' | '.join(', '.join(o) for o in run['order'])}; engine starts (s to ready): "
+                     + ", ".join(f"{e['engine']} {e['ready_s']}" for e in run["starts"]) + ".  ")
+    lines += [f"Versions: {json.dumps(res.get('versions', {}))}  ",
+              f"Host: {json.dumps(res.get('host', {}))}  ",
+              f"Checkpoint: `{res['ckpt']}`; workload: concurrency {', '.join(map(str, concs))}, one wave of as many "
+              f"requests as the concurrency (`num_prompts` {w.get('num_prompts') or 'per concurrency'}), input "
+              f"{w['input_len']} / output {w['output_len']} tokens (fixed, ignore_eos), one measured wave per cell per "
+              f"round, after {res.get('warmup', 'one unmeasured full-length wave per temperature')} per engine start.",
+              "", "| engine | output | concurrency | T | output tok/s per round | mean (95 % CI) | spread "
+              "| vs PyTorch MTP off (mean; range) | accept length |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    admitted = False
     for s in res["summary"].values():
         v = s.get("vs_pytorch_mtp_off")
         vs = f"{v['ratio_of_means']:.2f}x ({v['low']:.2f}–{v['high']:.2f})" if v else "—"
         acc = ", ".join(f"{a:.2f}" for a in s["accept_length"]) if s.get("accept_length") else "—"
         ci = s.get("ci95")
         ci_text = f" ({ci[0]:,.0f}–{ci[1]:,.0f})" if ci and s["rounds"] > 1 else ""
+        marks = s.get("admitted") or [False] * len(s["output_throughput"])
+        admitted |= any(marks)
+        values = ", ".join(f"{x:,.0f}{'*' if m else ''}" for x, m in zip(s["output_throughput"], marks))
         lines.append(f"| {s['engine']} | {s.get('output_len', w['output_len'])} | {s.get('concurrency', concs[0])} | "
-                     f"{s['temperature']:g} | {', '.join(f'{x:,.0f}' for x in s['output_throughput'])} | "
-                     f"{s['mean']:,.0f}{ci_text} | {s['spread']:.1%} "
+                     f"{s['temperature']:g} | {values} | {s['mean']:,.0f}{ci_text} | {s['spread']:.1%} "
                      f"| {vs} | {acc} |")
-    lines += ["", "Engine starts (s to ready): " + ", ".join(f"{e['engine']} {e['ready_s']}" for e in res["starts"]),
-              ""]
+    lines.append("")
+    if admitted:
+        unrecorded = " or, in runs before reasons were recorded, without a reason" if res.get("admit_unrecorded") else ""
+        lines.append(f"\\* a wave that lost requests whose tokens all decoded to empty text (`{EMPTY_TEXT}`{unrecorded}): "
+                     "counted, its throughput scaled by (completed + lost) / completed. The engine made those tokens; "
+                     "the bench client counts them by the engine's usage since.")
+        lines.append("")
     lines += [f"- {n}" for n in res.get("notes", [])]
     return "\n".join(lines) + "\n"
 
@@ -145,7 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ckpt", default="/root/ckpt", help="checkpoint (LMDeploy); ignored with --sim")
     p.add_argument("--sim", action="store_true", help="simulated engines (a dry run of this script; no GPU figure)")
     p.add_argument("--out", type=Path, help="folder for turbomind_results.json and engine logs")
-    p.add_argument("--render", type=Path, help="print the markdown report of a results JSON and exit")
+    p.add_argument("--render", type=Path, nargs="+", help="print the markdown report of a results JSON (several: "
+                   "pooled per cell) and exit")
+    p.add_argument("--admit-unrecorded", action="store_true", help="with --render: count waves that lost requests "
+                   "without a recorded reason like those of empty text (runs before the client recorded reasons)")
     p.add_argument("--concurrency", default="64", help="comma-separated concurrencies (one cell each)")
     p.add_argument("--num-prompts", type=int, default=None, help="requests per measured cell (default: one wave, "
                    "as many as the concurrency)")
@@ -161,7 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deadline-s", type=float, default=480, help="no engine starts after this (from the start)")
     a = p.parse_args(argv)
     if a.render:
-        print(render_markdown(json.loads(a.render.read_text())))
+        results = [json.loads(f.read_text()) for f in a.render]
+        print(render_markdown(pooled(results, admit_unrecorded=a.admit_unrecorded) if len(results) > 1 or
+                              a.admit_unrecorded else results[0]))
         return 0
     if a.out is None:
         p.error("--out is required (or --render)")

@@ -11,8 +11,8 @@ import pytest
 
 from orchestrator.config import EngineConfig
 from orchestrator.engine import EngineProcess
-from orchestrator.sim.model import DEFAULT_PROFILE
 from orchestrator.ports import find_free_port
+from orchestrator.sim.model import DEFAULT_PROFILE
 from tuning.bench import (
     BenchResult,
     LatencyStats,

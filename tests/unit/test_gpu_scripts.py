@@ -15,6 +15,7 @@ if str(ROOT) not in sys.path:
 
 from benchmarks.gpu import measure_landscape as landscape  # noqa: E402
 from benchmarks.gpu import measure_suspects as suspects  # noqa: E402
+from benchmarks.gpu import measure_turbomind as turbomind  # noqa: E402
 
 
 def test_every_condition_takes_every_slot_once_in_four_rounds():
@@ -84,3 +85,34 @@ def test_the_landscape_report_puts_each_config_against_mtp_off_with_predicted_ac
     assert "## agreement 0.7, output 128, T 0" in page
     assert "| 1 | 100 | 1.50x (3.40 / 3.45) |" in page
     assert "SIMULATED" not in page
+
+
+def _wave(rnd, tput, failed=0, reasons=None, engine="turbomind", run=None):
+    row = {"round": rnd, "engine": engine, "output_len": 128, "concurrency": 256, "temperature": 0.0,
+           "output_throughput": tput, "completed": 256 - failed, "failed": failed, "failure_reasons": reasons}
+    return row if run is None else row | {"run": run}
+
+
+def test_a_wave_that_lost_only_empty_text_counts_scaled_and_a_clean_retry_replaces_it():
+    empty = {turbomind.EMPTY_TEXT: 1}
+    rows = [_wave(0, 255.0, 1, empty), _wave(1, 100.0, 1, empty), _wave(1, 120.0),  # round 1 retried clean
+            _wave(2, 300.0, 1, {"timeout": 1}), _wave(3, 200.0, 1, None)]
+    counted = {r["round"]: r for r in turbomind.counted_rows(rows)}
+    assert counted[0]["output_throughput"] == pytest.approx(256.0) and counted[0]["admitted"]
+    assert counted[1]["output_throughput"] == 120.0 and not counted[1].get("admitted")
+    assert 2 not in counted and 3 not in counted  # a timeout is a loss; an unrecorded one only when asked
+    assert turbomind.counted_rows(rows, admit_unrecorded=True)[-1]["output_throughput"] == pytest.approx(200.0 * 256 / 255)
+
+
+def test_pooled_runs_give_a_cell_every_runs_rounds():
+    def run(rows, conc):
+        return {"command": "c", "rounds": 2, "order": [["turbomind"]], "starts": [], "rows": rows,
+                "workload": {"concurrency": conc, "input_len": 512, "output_len": [128]}, "notes": []}
+    a = run([_wave(0, 100.0), _wave(1, 110.0, 1, None)], [8, 256])
+    b = run([_wave(0, 90.0), _wave(1, 95.0, 1, {turbomind.EMPTY_TEXT: 1})], 256)
+    cell = turbomind.pooled([a, b])["summary"]["turbomind@o128@c256@T0"]
+    assert cell["output_throughput"] == [100.0, 90.0, 95.4] and cell["admitted"] == [False, False, True]
+    both = turbomind.pooled([a, b], admit_unrecorded=True)
+    assert both["summary"]["turbomind@o128@c256@T0"]["rounds"] == 4 and both["workload"]["concurrency"] == [8, 256]
+    md = turbomind.render_markdown(both | {"engines": ["turbomind"], "ckpt": "/c"})
+    assert "Run 2: Command" in md and "95*" in md and "without a reason" in md
