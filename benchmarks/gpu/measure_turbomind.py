@@ -79,8 +79,9 @@ def counted_rows(rows: list[dict[str, Any]], *, admit_unrecorded: bool = False) 
     """The waves a summary counts, one per (run, round, engine, cell): the first that lost no request;
     failing that, the first whose only losses were requests of empty text (:data:`EMPTY_TEXT`), its
     throughput scaled by (completed + lost) / completed for the tokens the client did not count, and
-    marked ``admitted``. ``admit_unrecorded`` treats losses without a recorded reason (runs before the
-    client recorded them) the same way; the report says so."""
+    ``admitted`` says why ("empty text"). ``admit_unrecorded`` treats losses without a recorded reason
+    (runs before the client recorded them) the same way (``admitted``: "unrecorded"); the report marks
+    each."""
     best: dict[tuple[Any, ...], dict[str, Any]] = {}
     for r in rows:
         if not r.get("output_throughput"):
@@ -94,7 +95,8 @@ def counted_rows(rows: list[dict[str, Any]], *, admit_unrecorded: bool = False) 
         elif key not in best and r.get("completed") and (
                 (reasons and set(reasons) == {EMPTY_TEXT}) or (reasons is None and admit_unrecorded)):
             scale = (r["completed"] + lost) / r["completed"]
-            best[key] = r | {"output_throughput": r["output_throughput"] * scale, "admitted": True}
+            best[key] = r | {"output_throughput": r["output_throughput"] * scale,
+                             "admitted": "empty text" if reasons else "unrecorded"}
     return list(best.values())
 
 
@@ -140,7 +142,7 @@ def summarize(rows: list[dict[str, Any]], *, admit_unrecorded: bool = False) -> 
             "min": round(min(vals), 1), "max": round(max(vals), 1),
             "spread": round((max(vals) - min(vals)) / mean, 4),
             "accept_length": [round(a, 3) for a in accept] or None,
-            "admitted": [bool(r.get("admitted")) for r in rs],
+            "admitted": [r.get("admitted") for r in rs],
         }
     for s in out.values():
         base = out.get(_key("pytorch-mtp-off", s["output_len"], s["concurrency"], s["temperature"]))
@@ -178,26 +180,28 @@ def render_markdown(res: dict[str, Any]) -> str:
               "", "| engine | output | concurrency | T | output tok/s per round | mean (95 % CI) | spread "
               "| vs PyTorch MTP off (mean; range) | accept length |",
               "|---|---|---|---|---|---|---|---|---|"]
-    admitted = False
+    admitted: set[str] = set()
+    mark = {"empty text": "*", "unrecorded": "†"}
     for s in res["summary"].values():
         v = s.get("vs_pytorch_mtp_off")
         vs = f"{v['ratio_of_means']:.2f}x ({v['low']:.2f}–{v['high']:.2f})" if v else "—"
         acc = ", ".join(f"{a:.2f}" for a in s["accept_length"]) if s.get("accept_length") else "—"
         ci = s.get("ci95")
         ci_text = f" ({ci[0]:,.0f}–{ci[1]:,.0f})" if ci and s["rounds"] > 1 else ""
-        marks = s.get("admitted") or [False] * len(s["output_throughput"])
-        admitted |= any(marks)
-        values = ", ".join(f"{x:,.0f}{'*' if m else ''}" for x, m in zip(s["output_throughput"], marks))
+        marks = s.get("admitted") or [None] * len(s["output_throughput"])
+        admitted |= {m for m in marks if m}
+        values = ", ".join(f"{x:,.0f}{mark.get(m, '')}" for x, m in zip(s["output_throughput"], marks))
         lines.append(f"| {s['engine']} | {s.get('output_len', w['output_len'])} | {s.get('concurrency', concs[0])} | "
                      f"{s['temperature']:g} | {values} | {s['mean']:,.0f}{ci_text} | {s['spread']:.1%} "
                      f"| {vs} | {acc} |")
     lines.append("")
-    if admitted:
-        unrecorded = " or, in runs before reasons were recorded, without a reason" if res.get("admit_unrecorded") else ""
-        lines.append(f"\\* a wave that lost requests whose tokens all decoded to empty text (`{EMPTY_TEXT}`{unrecorded}): "
-                     "counted, its throughput scaled by (completed + lost) / completed. The engine made those tokens; "
-                     "the bench client counts them by the engine's usage since.")
-        lines.append("")
+    if "empty text" in admitted:
+        lines += [f"\\* a wave that lost requests whose tokens all decoded to empty text (`{EMPTY_TEXT}`: the stream "
+                  "ended normally, no text in it): counted, its throughput scaled by (completed + lost) / completed. "
+                  "The bench client counts such tokens by the engine's usage since.", ""]
+    if "unrecorded" in admitted:
+        lines += ["† a wave that lost requests without a recorded reason (a run before reasons were recorded), "
+                  "admitted the same way (`--admit-unrecorded`).", ""]
     lines += [f"- {n}" for n in res.get("notes", [])]
     return "\n".join(lines) + "\n"
 

@@ -66,8 +66,10 @@ case $STEP in
     cat /root/tm/env.sh | tee "$OUT/tm_env.sh"
     nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
     [ -n "${NO_TRAIN:-}" ] && exit 0
-    # Training: a new session, so it outlives this call (the machine runs it until it goes back).
-    setsid nohup python3 -m tuning.checkpoint.train /root/ckpt --minutes "${TRAIN_MINUTES:-3}" \
+    # Training: a new session, so it outlives this call (the machine runs it until it goes back). The
+    # staged Triton (3.6) makes FLA refuse Hopper, and finding that out costs a second pass over the data
+    # (~2 min): the PyTorch gated delta rule from the start.
+    setsid nohup python3 -m tuning.checkpoint.train /root/ckpt --minutes "${TRAIN_MINUTES:-3}" --linear-kernel torch \
       > /root/tm/train.log 2>&1 < /dev/null &
     sleep 15; tail -n 3 /root/tm/train.log
     ;;

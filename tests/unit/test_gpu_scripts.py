@@ -98,7 +98,7 @@ def test_a_wave_that_lost_only_empty_text_counts_scaled_and_a_clean_retry_replac
     rows = [_wave(0, 255.0, 1, empty), _wave(1, 100.0, 1, empty), _wave(1, 120.0),  # round 1 retried clean
             _wave(2, 300.0, 1, {"timeout": 1}), _wave(3, 200.0, 1, None)]
     counted = {r["round"]: r for r in turbomind.counted_rows(rows)}
-    assert counted[0]["output_throughput"] == pytest.approx(256.0) and counted[0]["admitted"]
+    assert counted[0]["output_throughput"] == pytest.approx(256.0) and counted[0]["admitted"] == "empty text"
     assert counted[1]["output_throughput"] == 120.0 and not counted[1].get("admitted")
     assert 2 not in counted and 3 not in counted  # a timeout is a loss; an unrecorded one only when asked
     assert turbomind.counted_rows(rows, admit_unrecorded=True)[-1]["output_throughput"] == pytest.approx(200.0 * 256 / 255)
@@ -111,8 +111,8 @@ def test_pooled_runs_give_a_cell_every_runs_rounds():
     a = run([_wave(0, 100.0), _wave(1, 110.0, 1, None)], [8, 256])
     b = run([_wave(0, 90.0), _wave(1, 95.0, 1, {turbomind.EMPTY_TEXT: 1})], 256)
     cell = turbomind.pooled([a, b])["summary"]["turbomind@o128@c256@T0"]
-    assert cell["output_throughput"] == [100.0, 90.0, 95.4] and cell["admitted"] == [False, False, True]
+    assert cell["output_throughput"] == [100.0, 90.0, 95.4] and cell["admitted"] == [None, None, "empty text"]
     both = turbomind.pooled([a, b], admit_unrecorded=True)
     assert both["summary"]["turbomind@o128@c256@T0"]["rounds"] == 4 and both["workload"]["concurrency"] == [8, 256]
     md = turbomind.render_markdown(both | {"engines": ["turbomind"], "ckpt": "/c"})
-    assert "Run 2: Command" in md and "95*" in md and "without a reason" in md
+    assert "Run 2: Command" in md and "95*" in md and "110†" in md and "without a recorded reason" in md
