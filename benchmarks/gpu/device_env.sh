@@ -3,3 +3,10 @@
 # (`pip install --target` writes no console scripts; EngineConfig.command() runs
 # `python -m lmdeploy serve api_server ...`, so none is needed.)
 export PYTHONUNBUFFERED=1 PYTHONPATH=/root/site:$PWD PATH=/root/site/bin:$PATH
+
+# A detached job dies with the machine, and the machine goes back 30 s after a device call ends: a
+# polling call must hold it until the job is done. Waits until FILE exists or WAIT_S (default 540) pass.
+wait_done() {
+  local end=$((SECONDS + ${WAIT_S:-540}))
+  while [ ! -f "$1" ] && [ $SECONDS -lt $end ]; do sleep 3; done
+}

@@ -17,6 +17,8 @@
 #       128, concurrency 8, 64, 256, temperature 0 and 0.8, two rounds (no engine starts after DEADLINE_S);
 #       GRID_CONC=256 / GRID_ROUNDS=3 / GRID_SAMPLING=0 (skip the sampling test) narrow or widen it
 #   then, until it says done:  OUT=$OUT bash benchmarks/gpu/turbomind_device.sh collect
+#   (every *collect step waits for the job up to WAIT_S=540 s, holding the machine: call it again at once,
+#   within 30 s, or the machine goes back and the detached job dies with it)
 # Serving (issue #19 items 2 and 5), detached; after t1 (with training) and t2:
 #   carry [".stage/r1"]: OUT=$OUT bash benchmarks/gpu/turbomind_device.sh serve
 #       installs Ray Serve, waits for the trained weights, then in the background: the TurboMind GPU tests
@@ -154,11 +156,13 @@ case $STEP in
     sleep 5; echo "reproducibility job started"
     ;;
   repro-collect)
+    wait_done /root/tm/repro/done
     grep "\[e2e" /root/tm/repro/repro.log 2>/dev/null | grep -v '\$ ' | tail -6
     [ -f /root/tm/repro/done ] && echo "REPRO DONE" || echo "reproducibility job still running"
     cp /root/tm/repro/*.json /root/tm/repro/*.log /root/tm/repro/*.tgz "$OUT/" 2>/dev/null
     ;;
   serve-collect)
+    wait_done /root/tm/serve/done
     grep -E "PASSED|FAILED|ERROR|passed|failed" /root/tm/serve/gpu_tests_trained.log 2>/dev/null | tail -6
     grep "\[e2e" /root/tm/serve/serve_engines.log 2>/dev/null | tail -5
     [ -f /root/tm/serve/done ] && echo "SERVE DONE" || echo "serve job still running"
@@ -167,6 +171,7 @@ case $STEP in
       tar czf "$OUT/engine-logs.tgz" -C /root/tm/serve-work serve-logs
     ;;
   collect)
+    wait_done /root/tm/grid/done
     tail -n 4 /root/tm/grid/sampling.log 2>/dev/null; tail -n 3 /root/tm/grid/measure.log 2>/dev/null
     [ -f /root/tm/grid/done ] && echo "GRID DONE" || echo "grid still running"
     cp /root/tm/grid/*.log /root/tm/grid/*.json "$OUT/" 2>/dev/null
