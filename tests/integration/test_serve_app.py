@@ -303,7 +303,7 @@ def test_metrics_reach_rays_prometheus_endpoint(cluster: Cluster):
     assert not missing, f"not exported after 90 s: {missing}"
     line = next(ln for ln in text.splitlines() if ln.startswith("ray_mtp_engine_accept_length{") and MTP3.key() in ln)
     assert float(line.split()[-1]) > 1.0
-    assert f'bucket="le4096"' in text and f'engine="{MTP3.key()}"' in text
+    assert 'bucket="le4096"' in text and f'engine="{MTP3.key()}"' in text
     requests = [ln for ln in text.splitlines() if ln.startswith("ray_mtp_router_requests_total{")]
     assert any('cell="primary"' in ln for ln in requests), "the requests counter names the routing cell"
 
@@ -432,13 +432,15 @@ def test_table_update_with_requests_in_flight_loses_none(cluster: Cluster):
 
     def long_stream(i: int) -> tuple[int, int, str]:
         body = {"model": MODEL, "prompt": f"story {i}", "max_tokens": long_tokens, "stream": True, "ignore_eos": True}
-        events = 0
+        events, last = 0, None
         with httpx.stream("POST", cluster.base + "/v1/completions", json=body, headers=headers, timeout=300) as r:
             for line in r.iter_lines():
                 if line.startswith("data: {"):
                     assert '"error"' not in line, line
                     events += 1
-                last = line
+                if line.startswith("data:"):
+                    last = line
+            assert last == "data: [DONE]", f"the stream ended without [DONE] (last event {last!r:.200})"
             return r.status_code, events, r.headers["x-routing-table-version"]
 
     def short(i: int) -> int:
