@@ -3,10 +3,17 @@ its candidate set served alone on the same number of engines, side by side, in i
 driven by :mod:`tuning.drive` with the same traffic mix and load profile (ramp and burst); goodput
 per phase and overall, and the ratio table / best single config with its confidence interval.
 
-SIMULATED: engines are the simulator on the published profile (``intern-s2-preview-8xh200``); no GPU
-figure comes from here. Every drive checks that each engine of the driven app kept its schedule
+By default the engines are the simulator on the published profile (``intern-s2-preview-8xh200``),
+labelled SIMULATED. Every such drive checks that each engine of the driven app kept its schedule
 (``/sim/info`` lateness counters, read from every engine replica directly); a drive whose engines fell
-behind is recorded and left out of every figure, and a round with such a drive gives no ratio.
+behind is recorded and left out of every figure, and a round with such a drive gives no ratio. A table
+of real engines (a GPU sweep's) deploys real engines (``--share-gpu``: several on one GPU) and every
+drive counts; ``benchmarks/gpu/payoff_device.sh`` runs it on the H200.
+
+**The cap**: the best any table over the same configs could do, from the same rounds — per round, each
+class of the mix (output length x temperature) credited with the best goodput any single-config app
+gave that class, summed over classes (each class routed to the config that served it best). The table
+is reported against it (``table / cap``) as well as against the best single config.
 
 Apps (one Ray, one Serve; all deployed before the first drive, each at its own route prefix):
 
@@ -164,9 +171,27 @@ def renice_descendants(niceness: int = 0) -> int:
     return changed
 
 
+def class_goodputs(records: Any, profile: Any, slo: Any, classes: int) -> list[float]:
+    """Each class's share of the drive's goodput (good tokens of its requests per second of the profile):
+    they sum to the drive's overall goodput."""
+    from tuning.drive import overall_figures
+
+    return [overall_figures([r for r in records if r.class_index == c], profile, slo).goodput for c in range(classes)]
+
+
+def composed_cap(round_drives: dict[str, dict[str, Any]]) -> float | None:
+    """The cap of one round (see the module's docstring): per class the best goodput of any single-config
+    app's faithful drive, summed; ``None`` without such a drive or without per-class figures."""
+    singles = [d for app, d in round_drives.items() if app.startswith("single-") and d["kept_schedule"] and d.get("classes")]
+    if not singles:
+        return None
+    return sum(max(d["classes"][c] for d in singles) for c in range(len(singles[0]["classes"])))
+
+
 def summarize(drives: list[dict[str, Any]], apps: list[str]) -> dict[str, Any]:
     """Per mix: per app the overall and per-phase goodput per round (faithful drives only), mean and 95 %
-    CI; per round the ratio table / best single (the single with the best mean), and its CI."""
+    CI; per round the ratio table / best single (the single with the best mean) and table / cap
+    (:func:`composed_cap`), each with its CI."""
     from tuning.stats import mean_confidence_interval
 
     def ci(xs: list[float]) -> dict[str, Any] | None:
@@ -209,6 +234,14 @@ def summarize(drives: list[dict[str, Any]], apps: list[str]) -> dict[str, Any]:
                             p["goodput"] / max(here[best]["phases"][i]["goodput"], 1e-9))
                 entry[f"ratio {t} / best single"] = ci(ratios)
                 entry[f"phase ratios {t} / best single"] = {k: ci(v) for k, v in phase_ratios.items()}
+                caps = []
+                for rnd in sorted({d["round"] for d in ds}):
+                    here = {d["app"]: d for d in ds if d["round"] == rnd}
+                    cap = composed_cap(here)
+                    if t in here and here[t]["kept_schedule"] and cap:
+                        caps.append(here[t]["overall"]["goodput"] / cap)
+                if caps:
+                    entry[f"ratio {t} / cap"] = ci(caps)
         out[mix] = entry
     return out
 
@@ -230,7 +263,8 @@ def render_markdown(result: dict[str, Any]) -> str:
             lines += [f"### Mix `{mix}`: no faithful drive", ""]
             continue
         phases = list(next(iter(apps.values()))["phases"])
-        lines += [f"### Mix `{mix}` — goodput, output tok/s (SIMULATED), mean (95 % CI) over faithful rounds", "",
+        label = "SIMULATED" if result.get("simulated", True) else "measured"
+        lines += [f"### Mix `{mix}` — goodput, output tok/s ({label}), mean (95 % CI) over faithful rounds", "",
                   "| app | " + " | ".join(phases) + " | overall goodput | overall throughput | rounds |",
                   "|---" * (len(phases) + 4) + "|"]
         for app, v in apps.items():
@@ -239,20 +273,24 @@ def render_markdown(result: dict[str, Any]) -> str:
         lines.append("")
         for k, v in entry.items():
             if k.startswith("ratio") and v:
-                lines.append(f"- **{k}** ({entry['best_single']}): **{_fmt(v, 3)}**, per round {v['values']}")
+                what = "each class served by its best single config, per round" if k.endswith("/ cap") else entry["best_single"]
+                lines.append(f"- **{k}** ({what}): **{_fmt(v, 3)}**, per round {v['values']}")
             if k.startswith("phase ratios"):
                 lines.append(f"- {k}: " + "; ".join(f"{ph} {_fmt(c, 3)}" for ph, c in v.items() if c))
         lines.append(f"- drives: {entry['drives']}, faithful: {entry['faithful_drives']}"
                      + (f"; left out (engines fell behind): {', '.join(entry['unfaithful'])}" if entry["unfaithful"] else ""))
         lines.append("")
-    lines.append(f"Good request: completed, TTFT <= {slo['ttft_s']:g} s and TPOT <= {slo['tpot_s'] * 1000:g} ms "
-                 "(simulated time).")
+    lines.append(f"Good request: completed, TTFT <= {slo['ttft_s']:g} s and TPOT <= {slo['tpot_s'] * 1000:g} ms"
+                 + (" (simulated time)." if result.get("simulated", True) else "."))
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="mixed_payoff.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--table", default=str(DEFAULT_TABLE), help="the sweep's routing table (simulated engines)")
+    p.add_argument("--table", default=str(DEFAULT_TABLE), help="the sweep's routing table (simulated engines, or "
+                   "real ones: a GPU sweep's)")
+    p.add_argument("--share-gpu", action="store_true", help="real engines: tp=1 engines share a GPU (each reserves "
+                   "its memory fraction + 0.1 of one), so every app fits one GPU")
     p.add_argument("--mix", default=str(DEFAULT_MIX), help="the stated traffic mix")
     p.add_argument("--other-mixes", default="chat-heavy,greedy-only",
                    help=f"comma-separated names of {sorted(OTHER_MIXES)} also driven ('' for none)")
@@ -330,16 +368,18 @@ def main(argv: list[str] | None = None) -> int:
         apps = {k: v for k, v in apps.items() if k in a.apps.split(",")}
     profile = LoadProfile.model_validate(load_profile_for(n, levels, a.profile_scale))
     slo = MLPERF_SERVER_SLO
+    simulated = all(c.get("backend") == "sim" for d, _ in apps.values() for c in _configs_of(d))
     result: dict[str, Any] = {
-        "command": " ".join([sys.executable, *sys.argv]), "simulated": True,
+        "command": " ".join([sys.executable, *sys.argv]), "simulated": simulated,
         "host": {"cpu_model": cpu_model(), "cpus": cpus_available(), "python": platform.python_version()},
         "versions": package_versions(("mtp-autotune", "ray", "optuna", "aiohttp")),
         "table": str(a.table), "table_sweep_id": table.provenance.sweep_id, "engines_per_app": n,
         "apps": {name: sorted(routing.parse(d).distinct_configs()) for name, (d, _) in apps.items()},
         "mixes": {k: m.model_dump(mode="json") for k, m in mixes.items()}, "profile": profile.model_dump(mode="json"),
         "time_scale": a.time_scale, "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
-        "faithfulness_rule": f"every engine's mean lag over its steps <= {MAX_LAG_SHARE:.0%} of the shortest phase "
-                             f"({max_lag_s(profile) * 1000:g} ms simulated); per-request times from the engines' stamps",
+        "faithfulness_rule": (f"every engine's mean lag over its steps <= {MAX_LAG_SHARE:.0%} of the shortest phase "
+                              f"({max_lag_s(profile) * 1000:g} ms simulated); per-request times from the engines' stamps"
+                              if simulated else "real engines: no schedule to keep, every drive counts"),
         "drives": [], "summary": {}}
     out_json = out_dir / f"{a.name}.json"
 
@@ -365,9 +405,12 @@ def main(argv: list[str] | None = None) -> int:
                 path.unlink()
             routing.commit(data, path)
             scaling = {k: {"num_replicas": r} for k, r in replicas.items()}
-            deploy({"routing_table": str(path), "sim_time_scale": a.time_scale, "scaling": scaling,
-                    "engine": {"num_cpus": 0, "log_dir": str(work / "engine-logs" / name), "health_check_period_s": 30,
-                               "health_check_timeout_s": 60, "metrics_poll_s": 60, "graceful_shutdown_timeout_s": 5},
+            engine = {"num_cpus": 0, "log_dir": str(work / "engine-logs" / name), "health_check_period_s": 30,
+                      "health_check_timeout_s": 60, "metrics_poll_s": 60, "graceful_shutdown_timeout_s": 5}
+            if not simulated:
+                engine["share_gpu"] = a.share_gpu
+            deploy({"routing_table": str(path), "scaling": scaling, "engine": engine,
+                    **({"sim_time_scale": a.time_scale} if simulated else {}),
                     "router": {"num_cpus": 0, "graceful_shutdown_timeout_s": 5, "status_refresh_s": 30}},
                    app_name=name, route_prefix=f"/{name}")
             urls[name] = engine_urls(name, replicas)
@@ -383,9 +426,12 @@ def main(argv: list[str] | None = None) -> int:
             order = names if rnd % 2 == 0 else names[::-1]  # alternate, so a drift touches all apps alike
             for app in order:
                 for attempt in range(1 + a.retries):
-                    before = asyncio.run(_counters(urls[app]))
+                    before = asyncio.run(_counters(urls[app])) if simulated else {}
                     res = run_drive(bases[app], mixes[mix_name], profile, seed=a.seed + rnd,
                                     drain_s=600)
+                    if not simulated:  # a real engine has no schedule: every drive counts
+                        lateness, ok = (), True
+                        break
                     lateness = lateness_between(before, asyncio.run(_counters(urls[app])))
                     ok = kept_schedule(lateness, profile)
                     if ok:
@@ -400,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
                     "mix": mix_name, "round": rnd, "app": app, "kept_schedule": ok,
                     "lateness": [e.__dict__ | {"mean_lag_ms": round(e.mean_lag_s * 1000, 3)} for e in lateness],
                     "phases": [f.__dict__ for f in figs], "overall": overall.__dict__,
+                    "classes": class_goodputs(res.records, profile, slo, len(mixes[mix_name].classes)),
                     "requests": len(res.records), "failed": sum(1 for r in res.records if not r.ok),
                     "routes": _routes(res.records), "simulated": res.simulated, "time_scale": res.time_scale})
                 worst = max((e.mean_lag_s for e in lateness), default=0.0) * 1000
@@ -418,6 +465,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"best single {entry['best_single']}")
     log(f"wrote {out_json}")
     return 0
+
+
+def _configs_of(table_data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every engine config a table's JSON names (buckets and their cells)."""
+    return [c["config"] for b in table_data["buckets"] for c in [b, *b.get("cells", [])] if "config" in c]
 
 
 def _routes(records: Any) -> dict[str, int]:

@@ -30,6 +30,15 @@
 #       installs Ray and Optuna, waits for the trained weights, starts measure_reproducibility.py in the
 #       background (ARGS go to it; --reuse in a later lease keeps sweeps already done)
 #   then, until it says done:  OUT=$OUT bash benchmarks/gpu/turbomind_device.sh repro-collect
+# Does a table pay on the H200 (issue #18 item 6), after t1 (with training):
+#   carry [".stage/t2"]: bash .stage/t2/install_part.sh
+#   carry [".stage/r1"]: OUT=$OUT bash benchmarks/gpu/turbomind_device.sh payoff
+#       installs Ray and Optuna, waits for the trained weights, then in the background: a sweep of the PyTorch
+#       engine (MTP off / PAYOFF_DRAFTS draft tokens, buckets 256 and 1024, 16 and 64 in flight, T 0 and 0.8,
+#       the stated mix benchmarks/gpu/payoff_mix_test_ckpt.yaml, engines sharing the GPU), then
+#       benchmarks/mixed_payoff.py: its table against each of its configs alone on as many engines, and the cap,
+#       PAYOFF_ROUNDS (2) interleaved rounds of a ramp and a burst
+#   then, until it says done:  OUT=$OUT bash benchmarks/gpu/turbomind_device.sh payoff-collect
 # Where a measurement's spread comes from (issue #22 item 2), without training:
 #   carry [".stage/t1"]: NO_TRAIN=1 OUT=$OUT bash benchmarks/gpu/turbomind_device.sh t1
 #   carry [".stage/t2"]: OUT=$OUT bash benchmarks/gpu/turbomind_device.sh suspects [DEADLINE_S]
@@ -154,6 +163,33 @@ case $STEP in
       python3 benchmarks/gpu/measure_reproducibility.py --ckpt /root/ckpt --out /root/tm/repro --work /root/tm/repro-work $* \
         > /root/tm/repro/repro.log 2>&1; touch /root/tm/repro/done" > /dev/null 2>&1 < /dev/null &
     sleep 5; echo "reproducibility job started"
+    ;;
+  payoff)
+    bash .stage/r1/install_part.sh
+    python3 -c "import ray, ray.serve, ray.tune, optuna, lmdeploy; print('ray', ray.__version__)" || exit 1
+    wait_for_weights
+    P=/root/tm/payoff && mkdir -p $P && rm -f $P/done && cp /root/tm/train.log $P/
+    python3 benchmarks/gpu/measure_mtp.py --versions > $P/versions.json 2>&1
+    setsid nohup bash -c "source benchmarks/gpu/device_env.sh; source /root/tm/env.sh;
+      python3 -m tuning.sweep --model /root/ckpt --session-len 4096 --tp 1 --run-dir $P/sweep --sweep-id payoff-h200 \
+        --no-live --backends pytorch --speculative false,true --num-draft-tokens ${PAYOFF_DRAFTS:-4} \
+        --buckets 256,1024 --concurrency 16,64 --temperatures 0,0.8 --num-prompts 128 --repeats 2 \
+        --memory-fraction 0.06 --max-batch-size 64 --share-gpu --traffic-mix benchmarks/gpu/payoff_mix_test_ckpt.yaml \
+        --time-budget-s 600 --seed 0 > $P/sweep.log 2>&1;
+      python3 benchmarks/mixed_payoff.py --table $P/sweep/routing_table.json --mix benchmarks/gpu/payoff_mix_test_ckpt.yaml \
+        --other-mixes '' --rounds ${PAYOFF_ROUNDS:-2} --retries 0 --levels 16,32,64 --profile-scale 0.25 --share-gpu \
+        --out-dir $P --name payoff_h200 --work-dir $P/work > $P/payoff.log 2>&1;
+      touch $P/done" > /dev/null 2>&1 < /dev/null &
+    sleep 5; echo "payoff job started"
+    ;;
+  payoff-collect)
+    wait_done /root/tm/payoff/done
+    P=/root/tm/payoff
+    tail -n 3 $P/sweep.log 2>/dev/null; grep "^\[payoff" $P/payoff.log 2>/dev/null | tail -n 6
+    [ -f $P/done ] && echo "PAYOFF DONE" || echo "payoff job still running"
+    cp $P/*.json $P/*.log "$OUT/" 2>/dev/null
+    [ -f $P/sweep/routing_table.json ] && cp $P/sweep/routing_table.json "$OUT/"
+    [ -f $P/done ] && tar czf "$OUT/sweep_and_engine_logs.tgz" -C $P sweep work 2>/dev/null
     ;;
   repro-collect)
     wait_done /root/tm/repro/done
