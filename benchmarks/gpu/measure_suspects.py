@@ -214,9 +214,12 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         base = EngineConfig(backend="pytorch", model=a.ckpt, memory_fraction=0.1, max_batch_size=128, session_len=4096,
                             extra_flags=("--language-model-only",))
         tm = base.replace(backend="turbomind")
+    conditions = tuple(a.conditions.split(","))
+    busy = max((int(c[-1]) for c in conditions if c.startswith("busy")), default=0)
     result: dict[str, Any] = {
         "command": " ".join(["python", "benchmarks/gpu/measure_suspects.py", *sys.argv[1:]]),
-        "engine": base.key(), "neighbours": [tm.key()] * 2, "conditions": a.conditions.split(","), "simulated": a.sim, "rounds_planned": a.rounds,
+        "engine": base.key(), "neighbours": [tm.key()] * busy, "conditions": list(conditions), "simulated": a.sim,
+        "rounds_planned": a.rounds,
         "workload": {"input_len": 512, "output_len": 512, "concurrency": a.concurrency, "num_prompts": a.num_prompts},
         "runs": [], "starts_s": {},
     }
@@ -225,8 +228,6 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     result["host"] = measured_on() | package_versions(("torch", "triton", "ray"))
     tokenizer = load_tokenizer(None if a.sim else a.ckpt)
     logs = out_dir / "engine-logs"
-    conditions = tuple(a.conditions.split(","))
-    busy = max((int(c[-1]) for c in conditions if c.startswith("busy")), default=0)
     engines = {"test": EngineProcess(base, log_dir=logs, ready_timeout_s=900)}
     engines |= {f"neighbour{i}": EngineProcess(tm, log_dir=logs, ready_timeout_s=600) for i in range(1, busy + 1)}
 
@@ -289,6 +290,9 @@ def pooled(results: list[dict[str, Any]]) -> dict[str, Any]:
     out["runs"] = [r | {"engine_start": i} for i, res in enumerate(results) for r in res["runs"]]
     out["command"] = " ; ".join(res["command"] for res in results)
     out["starts_s"] = [res["starts_s"] for res in results]
+    out["neighbours"] = max((res.get("neighbours", []) for res in results), key=len)
+    present = {c for res in results for c in res.get("conditions", CONDITIONS)}
+    out["conditions"] = [c for c in CONDITIONS if c in present]
     out["summary"] = summarize(out["runs"])
     return out
 
@@ -300,7 +304,8 @@ def render(result: dict[str, Any]) -> str:
         f"# Where the spread comes from: suspects checked in interleaved rounds{' (SIMULATED)' if result['simulated'] else ''}",
         "",
         f"Command: `{result['command']}`  ",
-        f"Engine under test: `{result['engine']}`; neighbours: two `{result['neighbours'][0]}` on the same GPU.  ",
+        f"Engine under test: `{result['engine']}`; neighbours on the same GPU: "
+        + (f"{len(result['neighbours'])} `{result['neighbours'][0]}`" if result["neighbours"] else "none") + ".  ",
         f"Workload: input {w['input_len']}, output {w['output_len']}, concurrency {w['concurrency']}, "
         f"{w['num_prompts']} requests per measurement; engine starts (s): {result['starts_s']}.  ",
         f"Host: {result.get('host')}",
@@ -334,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
                    "several (separate engine starts) pooled, and exit")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--conditions", default=",".join(CONDITIONS),
-                   help=f"a subset of {','.join(CONDITIONS)}, quiet first (neighbours start only for busy ones)")
+                   help=f"a subset of {','.join(CONDITIONS)} with quiet among them (neighbours start only for busy ones)")
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--num-prompts", type=int, default=128, help="requests per measurement (two waves at 64)")
     p.add_argument("--deadline-s", type=float, default=420, help="no round starts after this (from the start)")

@@ -105,12 +105,24 @@ def pooled(results: list[dict[str, Any]], *, admit_unrecorded: bool = False) -> 
     per cell over all of them (a run's rounds and the runs' are alike: each an engine start's
     measurement), commands and engine starts listed per run."""
     out = dict(results[0])
+    out["notes"] = [n for res in results for n in res.get("notes", [])]
+    engines = dict(results[0]["engines"])
+    for i, res in enumerate(results[1:], start=2):
+        for name, cfg in res["engines"].items():
+            if name in engines and engines[name] != cfg:
+                out["notes"].append(f"engine {name} differs in run {i}: "
+                                    + ", ".join(f"{k} {engines[name].get(k)!r} -> {v!r}" for k, v in cfg.items()
+                                                if engines[name].get(k) != v))
+            engines.setdefault(name, cfg)
+        if res["ckpt"] != out["ckpt"]:
+            out["notes"].append(f"run {i} measured checkpoint {res['ckpt']} (run 1: {out['ckpt']})")
+    out["engines"] = engines
     out["rows"] = [r | {"run": i} for i, res in enumerate(results) for r in res["rows"]]
     out["runs"] = [{"command": res["command"], "rounds": res["rounds"], "order": res["order"],
                     "starts": res["starts"], "elapsed_s": res.get("elapsed_s")} for res in results]
     concs = sorted({c for res in results for c in _as_list(res["workload"]["concurrency"])})
-    out["workload"] = dict(results[0]["workload"], concurrency=concs)
-    out["notes"] = [n for res in results for n in res.get("notes", [])]
+    olens = sorted({o for res in results for o in _as_list(res["workload"]["output_len"])})
+    out["workload"] = dict(results[0]["workload"], concurrency=concs, output_len=olens)
     out["summary"] = summarize(out["rows"], admit_unrecorded=admit_unrecorded)
     out["admit_unrecorded"] = admit_unrecorded
     return out
@@ -231,8 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.render:
         results = [json.loads(f.read_text()) for f in a.render]
-        print(render_markdown(pooled(results, admit_unrecorded=a.admit_unrecorded) if len(results) > 1 or
-                              a.admit_unrecorded else results[0]))
+        print(render_markdown(pooled(results, admit_unrecorded=a.admit_unrecorded)))
         return 0
     if a.out is None:
         p.error("--out is required (or --render)")
@@ -322,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
                             + (f", {row['failed']} failed: {row['failure_reasons']}" if row["failed"] else ""))
                         save()
                         if not row["failed"]:
-                            break  # a wave that lost requests is left out of the summary: run it again
+                            break  # a wave that lost requests (other than to empty text) is left out: run it again
     finally:
         if running is not None:
             running[1].stop()

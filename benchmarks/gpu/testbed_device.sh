@@ -25,7 +25,7 @@ case $STEP in
     sleep 5; echo "landscape started"
     ;;
   collect)
-    wait_done $W/done   # holds the machine up to WAIT_S (540 s); call again at once while it runs
+    wait_done $W/done   # holds the machine up to WAIT_S (device_env.sh); call again at once while it runs
     grep "^\[landscape" $W/log 2>/dev/null | tail -n 6
     [ -f $W/done ] && echo "LANDSCAPE DONE" || echo "landscape still running"
     cp $W/out/landscape.json $W/out/versions.json $W/log "$OUT/" 2>/dev/null

@@ -17,7 +17,7 @@
 #       128, concurrency 8, 64, 256, temperature 0 and 0.8, two rounds (no engine starts after DEADLINE_S);
 #       GRID_CONC=256 / GRID_ROUNDS=3 / GRID_SAMPLING=0 (skip the sampling test) narrow or widen it
 #   then, until it says done:  OUT=$OUT bash benchmarks/gpu/turbomind_device.sh collect
-#   (every *collect step waits for the job up to WAIT_S=540 s, holding the machine: call it again at once,
+#   (every *collect step waits for the job up to WAIT_S s (device_env.sh), holding the machine: call it again at once,
 #   within 30 s, or the machine goes back and the detached job dies with it)
 # Serving (issue #19 items 2 and 5), detached; after t1 (with training) and t2:
 #   carry [".stage/r1"]: OUT=$OUT bash benchmarks/gpu/turbomind_device.sh serve
@@ -37,7 +37,7 @@
 #       engine (MTP off / PAYOFF_DRAFTS draft tokens, buckets 256 and 1024, 16 and 64 in flight, T 0 and 0.8,
 #       the stated mix benchmarks/gpu/payoff_mix_test_ckpt.yaml, engines sharing the GPU), then
 #       benchmarks/mixed_payoff.py: its table against each of its configs alone on as many engines, and the cap,
-#       PAYOFF_ROUNDS (2) interleaved rounds of a ramp and a burst
+#       PAYOFF_ROUNDS (4) interleaved rounds of a ramp and a burst (~1 min a drive, 3 apps: ~13 min)
 #   then, until it says done:  OUT=$OUT bash benchmarks/gpu/turbomind_device.sh payoff-collect
 # Where a measurement's spread comes from (issue #22 item 2), without training:
 #   carry [".stage/t1"]: NO_TRAIN=1 OUT=$OUT bash benchmarks/gpu/turbomind_device.sh t1
@@ -126,7 +126,7 @@ case $STEP in
     python3 -c "import lmdeploy, flash_attn_interface, fla; print('lmdeploy', lmdeploy.__version__)" || exit 1
     wait_for_weights
     grep -E "saved|expected accept|exit|Error" /root/tm/train.log | tail -4
-    mkdir -p /root/tm/grid && cp /root/tm/train.log /root/ckpt/train_report.json /root/ckpt/mtp_expected.json /root/tm/grid/
+    mkdir -p /root/tm/grid && rm -f /root/tm/grid/done && cp /root/tm/train.log /root/ckpt/train_report.json /root/ckpt/mtp_expected.json /root/tm/grid/
     python3 benchmarks/gpu/measure_mtp.py --versions > /root/tm/grid/versions.json 2>&1
     setsid nohup bash -c "source benchmarks/gpu/device_env.sh; source /root/tm/env.sh;
       [ \"${GRID_SAMPLING:-1}\" = 1 ] && MTP_TEST_CHECKPOINT=/root/ckpt timeout 700 python3 -m pytest \
@@ -143,7 +143,7 @@ case $STEP in
     python3 -c "import ray, ray.serve, lmdeploy, openai; print('ray', ray.__version__, 'lmdeploy', lmdeploy.__version__)" || exit 1
     wait_for_weights
     grep -E "saved|expected accept|exit|Error" /root/tm/train.log | tail -4
-    mkdir -p /root/tm/serve && cp /root/tm/train.log /root/tm/serve/
+    mkdir -p /root/tm/serve && rm -f /root/tm/serve/done && cp /root/tm/train.log /root/tm/serve/
     python3 benchmarks/gpu/measure_mtp.py --versions > /root/tm/serve/versions.json 2>&1
     setsid nohup bash -c "source benchmarks/gpu/device_env.sh; source /root/tm/env.sh;
       MTP_TEST_CHECKPOINT=/root/ckpt timeout 600 python3 -m pytest tests/gpu/test_gpu_turbomind.py -v -s \
@@ -177,7 +177,7 @@ case $STEP in
         --memory-fraction 0.06 --max-batch-size 64 --share-gpu --traffic-mix benchmarks/gpu/payoff_mix_test_ckpt.yaml \
         --time-budget-s 600 --seed 0 > $P/sweep.log 2>&1;
       python3 benchmarks/mixed_payoff.py --table $P/sweep/routing_table.json --mix benchmarks/gpu/payoff_mix_test_ckpt.yaml \
-        --other-mixes '' --rounds ${PAYOFF_ROUNDS:-2} --retries 0 --levels 16,32,64 --profile-scale 0.25 --share-gpu \
+        --other-mixes '' --rounds ${PAYOFF_ROUNDS:-4} --retries 0 --levels 16,32,64 --profile-scale 0.2 --share-gpu \
         --out-dir $P --name payoff_h200 --work-dir $P/work > $P/payoff.log 2>&1;
       touch $P/done" > /dev/null 2>&1 < /dev/null &
     sleep 5; echo "payoff job started"

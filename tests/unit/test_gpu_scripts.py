@@ -59,6 +59,18 @@ def test_pooled_starts_keep_their_rounds_apart():
     assert suspects.pooled([a]) is a
 
 
+def test_a_subset_run_says_it_had_no_neighbours_and_pools_with_a_full_one():
+    subset = {"runs": _runs(0, [100, 104], []), "command": "quiet,cpu", "starts_s": {}, "neighbours": [],
+              "conditions": ["quiet", "cpu"], "engine": "e", "simulated": False, "host": {},
+              "workload": {"input_len": 512, "output_len": 512, "concurrency": 64, "num_prompts": 128}}
+    assert "neighbours on the same GPU: none" in suspects.render(subset | {"summary": suspects.summarize(subset["runs"])})
+    full = subset | {"runs": _runs(0, [100, 104], [90, 93.6]), "neighbours": ["tm", "tm"],
+                     "conditions": list(suspects.CONDITIONS)}
+    both = suspects.pooled([subset, full])
+    assert both["conditions"] == list(suspects.CONDITIONS) and both["neighbours"] == ["tm", "tm"]
+    assert "| busy1 | 2 |" in suspects.render(both)
+
+
 def _args(**kw):
     return argparse.Namespace(
         **{"agreements": [0.5, 0.9], "draft_tokens": [1, 3], "concurrency": [1, 64], "temperatures": [0.0, 0.8],
@@ -105,14 +117,17 @@ def test_a_wave_that_lost_only_empty_text_counts_scaled_and_a_clean_retry_replac
 
 
 def test_pooled_runs_give_a_cell_every_runs_rounds():
-    def run(rows, conc):
-        return {"command": "c", "rounds": 2, "order": [["turbomind"]], "starts": [], "rows": rows,
+    def run(rows, conc, batch):
+        return {"command": "c", "rounds": 2, "order": [["turbomind"]], "starts": [], "rows": rows, "ckpt": "/c",
+                "engines": {"turbomind": {"backend": "turbomind", "max_batch_size": batch}},
                 "workload": {"concurrency": conc, "input_len": 512, "output_len": [128]}, "notes": []}
-    a = run([_wave(0, 100.0), _wave(1, 110.0, 1, None)], [8, 256])
-    b = run([_wave(0, 90.0), _wave(1, 95.0, 1, {turbomind.EMPTY_TEXT: 1})], 256)
+    a = run([_wave(0, 100.0), _wave(1, 110.0, 1, None)], [8, 256], 256)
+    b = run([_wave(0, 90.0), _wave(1, 95.0, 1, {turbomind.EMPTY_TEXT: 1})], 256, 128)
     cell = turbomind.pooled([a, b])["summary"]["turbomind@o128@c256@T0"]
     assert cell["output_throughput"] == [100.0, 90.0, 95.4] and cell["admitted"] == [None, None, "empty text"]
     both = turbomind.pooled([a, b], admit_unrecorded=True)
     assert both["summary"]["turbomind@o128@c256@T0"]["rounds"] == 4 and both["workload"]["concurrency"] == [8, 256]
-    md = turbomind.render_markdown(both | {"engines": ["turbomind"], "ckpt": "/c"})
+    assert both["notes"] == ["engine turbomind differs in run 2: max_batch_size 256 -> 128"]
+    md = turbomind.render_markdown(both)
     assert "Run 2: Command" in md and "95*" in md and "110†" in md and "without a recorded reason" in md
+    assert "engine turbomind differs" in md

@@ -22,9 +22,24 @@ def _drive(app, rnd, classes, kept=True):
 
 def test_the_cap_takes_each_class_from_the_single_config_that_served_it_best():
     here = {d["app"]: d for d in (_drive("table", 0, [10.0, 30.0]), _drive("single-a", 0, [12.0, 20.0]),
-                                  _drive("single-b", 0, [5.0, 28.0]), _drive("single-c", 0, [50.0, 50.0], kept=False))}
-    assert payoff.composed_cap(here) == 40.0  # 12 from a, 28 from b; c fell behind and ranks nothing
+                                  _drive("single-b", 0, [5.0, 28.0]))}
+    assert payoff.composed_cap(here) == 40.0  # 12 from a, 28 from b
     assert payoff.composed_cap({"table": here["table"]}) is None
+    behind = here | {"single-c": _drive("single-c", 0, [50.0, 50.0], kept=False)}
+    assert payoff.composed_cap(behind) is None  # a single that fell behind would leave the cap low: no cap
+
+
+def test_class_goodputs_split_the_drives_goodput():
+    from tuning.drive import MLPERF_SERVER_SLO, DriveRecord, overall_figures
+    from tuning.traffic import LoadProfile
+
+    profile = LoadProfile.model_validate({"phases": [{"seconds": 10, "concurrency": 4}]})
+    records = [DriveRecord(index=i, phase=0, class_index=i % 3, max_tokens=64, temperature=0.0, prompt_len=32, started_at=i * 0.5,
+                           first_token_at=i * 0.5 + 0.1, finished_at=i * 0.5 + 1.0 + (i % 2), output_tokens=64, ok=i != 4)
+               for i in range(12)]
+    parts = payoff.class_goodputs(records, profile, MLPERF_SERVER_SLO, 3)
+    assert len(parts) == 3 and all(p > 0 for p in parts)
+    assert sum(parts) == pytest.approx(overall_figures(records, profile, MLPERF_SERVER_SLO).goodput)
 
 
 def test_the_table_is_reported_against_the_cap_and_the_best_single_round_by_round():

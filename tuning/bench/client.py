@@ -289,7 +289,7 @@ async def _send(
         )
     if state.ttft is None and not state.usage_tokens:
         return state.freeze(success=False, kind="empty response", error="no text was streamed", counter=counter, now=time.monotonic())
-    # Tokens the engine generated but whose text is empty (special tokens the detokenizer skips, as a
-    # small model's greedy output can be for a whole short request) count by the usage the engine
-    # reported; their arrival times are unknown, so such a request has no TTFT or ITL.
+    # Tokens the engine generated but whose text is empty (e.g. special tokens the detokenizer skips)
+    # count by the usage the engine reported; their arrival times are unknown, so such a request has no
+    # TTFT or ITL, and the run's steady-state windows (hooks) do not see its tokens.
     return state.freeze(success=True, kind=None, error="", counter=counter, now=time.monotonic())
