@@ -10,12 +10,11 @@ behind is recorded and left out of every figure, and a round with such a drive g
 of real engines (a GPU sweep's) deploys real engines (``--share-gpu``: several on one GPU) and every
 drive counts; ``benchmarks/gpu/turbomind_device.sh payoff`` runs it on the H200.
 
-**The cap** estimates the best any table over the same configs could do, from the same rounds: per
-round, each class of the mix (output length x temperature) credited with the best goodput any
-single-config app gave that class, summed over classes (each class routed to the config that served it
-best). An estimate, not a bound: each single served the whole mix on all the engines, and the per-class
-maximum of noisy figures leans high. The table is reported against it (``table / cap``) as well as
-against the best single config.
+Every drive also records each class's share of its goodput (``classes``). Those shares cannot stand in
+for the cap (the best any table could do): in a closed loop a single config's share for a class is its
+overall rate times the class's share of the stream, so the per-class best of the singles comes out at
+about the best single config, which a table that lets engines specialise can beat. The cap has to be
+served as an app of its own.
 
 Apps (one Ray, one Serve; all deployed before the first drive, each at its own route prefix):
 
@@ -181,20 +180,9 @@ def class_goodputs(records: Any, profile: Any, slo: Any, classes: int) -> list[f
     return [overall_figures([r for r in records if r.class_index == c], profile, slo).goodput for c in range(classes)]
 
 
-def composed_cap(round_drives: dict[str, dict[str, Any]]) -> float | None:
-    """The cap of one round (see the module's docstring): per class the best goodput of any single-config
-    app, summed; ``None`` unless every single-config drive of the round kept its schedule and has
-    per-class figures (a missing single would lower the cap)."""
-    singles = [d for app, d in round_drives.items() if app.startswith("single-")]
-    if not singles or not all(d["kept_schedule"] and d.get("classes") for d in singles):
-        return None
-    return sum(max(d["classes"][c] for d in singles) for c in range(len(singles[0]["classes"])))
-
-
 def summarize(drives: list[dict[str, Any]], apps: list[str]) -> dict[str, Any]:
     """Per mix: per app the overall and per-phase goodput per round (faithful drives only), mean and 95 %
-    CI; per round the ratio table / best single (the single with the best mean) and table / cap
-    (:func:`composed_cap`), each with its CI."""
+    CI; per round the ratio table / best single (the single with the best mean), and its CI."""
     from tuning.stats import mean_confidence_interval
 
     def ci(xs: list[float]) -> dict[str, Any] | None:
@@ -237,14 +225,6 @@ def summarize(drives: list[dict[str, Any]], apps: list[str]) -> dict[str, Any]:
                             p["goodput"] / max(here[best]["phases"][i]["goodput"], 1e-9))
                 entry[f"ratio {t} / best single"] = ci(ratios)
                 entry[f"phase ratios {t} / best single"] = {k: ci(v) for k, v in phase_ratios.items()}
-                caps = []
-                for rnd in sorted({d["round"] for d in ds}):
-                    here = {d["app"]: d for d in ds if d["round"] == rnd}
-                    cap = composed_cap(here)
-                    if t in here and here[t]["kept_schedule"] and cap:
-                        caps.append(here[t]["overall"]["goodput"] / cap)
-                if caps:
-                    entry[f"ratio {t} / cap"] = ci(caps)
         out[mix] = entry
     return out
 
@@ -276,8 +256,7 @@ def render_markdown(result: dict[str, Any]) -> str:
         lines.append("")
         for k, v in entry.items():
             if k.startswith("ratio") and v:
-                what = "each class served by its best single config, per round" if k.endswith("/ cap") else entry["best_single"]
-                lines.append(f"- **{k}** ({what}): **{_fmt(v, 3)}**, per round {v['values']}")
+                lines.append(f"- **{k}** ({entry['best_single']}): **{_fmt(v, 3)}**, per round {v['values']}")
             if k.startswith("phase ratios"):
                 lines.append(f"- {k}: " + "; ".join(f"{ph} {_fmt(c, 3)}" for ph, c in v.items() if c))
         lines.append(f"- drives: {entry['drives']}, faithful: {entry['faithful_drives']}"

@@ -36,7 +36,7 @@
 #       installs Ray and Optuna, waits for the trained weights, then in the background: a sweep of the PyTorch
 #       engine (MTP off / PAYOFF_DRAFTS draft tokens, buckets 256 and 1024, 16 and 64 in flight, T 0 and 0.8,
 #       the stated mix benchmarks/gpu/payoff_mix_test_ckpt.yaml, engines sharing the GPU), then
-#       benchmarks/mixed_payoff.py: its table against each of its configs alone on as many engines, and the cap,
+#       benchmarks/mixed_payoff.py: its table against each of its configs alone on as many engines,
 #       PAYOFF_ROUNDS (4) interleaved rounds of a ramp and a burst (~1 min a drive, 3 apps: ~13 min)
 #   then, until it says done:  OUT=$OUT bash benchmarks/gpu/turbomind_device.sh payoff-collect
 # Where a measurement's spread comes from (issue #22 item 2), without training:
