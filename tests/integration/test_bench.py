@@ -141,8 +141,6 @@ def _engine_streams(specs, group_steps: int):
 def _replay_server(streams, time_scale: float):
     """A real HTTP server that streams recorded simulator events the way orchestrator.sim does
     (``sim.token_times`` stamps, ``/sim/info`` with this host's clock), for a real bench client."""
-    import asyncio
-    import threading
     import time
 
     from aiohttp import web
@@ -179,6 +177,16 @@ def _replay_server(streams, time_scale: float):
     app.router.add_get("/v1/models", models)
     app.router.add_get("/sim/info", info)
     app.router.add_post("/v1/completions", completions)
+    return _serve_in_thread(app)
+
+
+def _serve_in_thread(app):
+    """Run an aiohttp ``app`` on a free local port in a daemon thread; returns (base URL, stop)."""
+    import asyncio
+    import threading
+
+    from aiohttp import web
+
     loop = asyncio.new_event_loop()
     runner = web.AppRunner(app)
     loop.run_until_complete(runner.setup())
@@ -219,9 +227,6 @@ def test_figures_are_the_same_whether_a_chunk_carries_one_engine_step_or_many():
 def _plain_server(text_for):
     """A real OpenAI-style completions server (not simulated) that streams ``text_for(prompt, n)``'s
     chunks, one per token, then the usage (when ``text_for`` gives a list) or nothing more."""
-    import asyncio
-    import threading
-
     from aiohttp import web
 
     async def models(_r):
@@ -245,19 +250,7 @@ def _plain_server(text_for):
     app = web.Application()
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/completions", completions)
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(app)
-    loop.run_until_complete(runner.setup())
-    port = find_free_port()
-    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-
-    def stop():
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-
-    return f"http://127.0.0.1:{port}", stop
+    return _serve_in_thread(app)
 
 
 def test_tokens_that_decode_to_no_text_count_by_the_engines_usage():
