@@ -350,13 +350,14 @@ def main(argv: list[str] | None = None) -> int:
         apps = {k: v for k, v in apps.items() if k in a.apps.split(",")}
     profile = LoadProfile.model_validate(load_profile_for(n, levels, a.profile_scale))
     slo = MLPERF_SERVER_SLO
-    simulated = all(c.get("backend") == "sim" for d, _ in apps.values() for c in _configs_of(d))
+    app_configs = {name: routing.parse(d).distinct_configs() for name, (d, _) in apps.items()}
+    simulated = all(c.backend == "sim" for cfgs in app_configs.values() for c in cfgs.values())
     result: dict[str, Any] = {
         "command": " ".join([sys.executable, *sys.argv]), "simulated": simulated,
         "host": {"cpu_model": cpu_model(), "cpus": cpus_available(), "python": platform.python_version()},
         "versions": package_versions(("mtp-autotune", "ray", "optuna", "aiohttp")),
         "table": str(a.table), "table_sweep_id": table.provenance.sweep_id, "engines_per_app": n,
-        "apps": {name: sorted(routing.parse(d).distinct_configs()) for name, (d, _) in apps.items()},
+        "apps": {name: sorted(cfgs) for name, cfgs in app_configs.items()},
         "mixes": {k: m.model_dump(mode="json") for k, m in mixes.items()}, "profile": profile.model_dump(mode="json"),
         "time_scale": a.time_scale, "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
         "faithfulness_rule": (f"every engine's mean lag over its steps <= {MAX_LAG_SHARE:.0%} of the shortest phase "
@@ -447,11 +448,6 @@ def main(argv: list[str] | None = None) -> int:
                     f"best single {entry['best_single']}")
     log(f"wrote {out_json}")
     return 0
-
-
-def _configs_of(table_data: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every engine config a table's JSON names (buckets and their cells)."""
-    return [c["config"] for b in table_data["buckets"] for c in [b, *b.get("cells", [])] if "config" in c]
 
 
 def _routes(records: Any) -> dict[str, int]:
