@@ -59,6 +59,14 @@ wait_for_weights() {  # the trained checkpoint (t1 started training in the backg
   for _ in $(seq 1 60); do grep -q "saved /root/ckpt/model.safetensors" /root/tm/train.log && return; sleep 5; done
 }
 
+ray_job_ready() {  # $1: the job's folder; $2: what it imports. Installs Ray (carried .stage/r1), checks the
+  # imports, waits for the trained weights, clears the folder's done marker and keeps the training log there.
+  bash .stage/r1/install_part.sh
+  python3 -c "import $2, ray; print('ray', ray.__version__)" || exit 1
+  wait_for_weights
+  mkdir -p "$1" && rm -f "$1/done" && cp /root/tm/train.log "$1/"
+}
+
 case $STEP in
   t1)
     bash .stage/t1/install_part.sh
@@ -139,11 +147,8 @@ case $STEP in
     sleep 5; echo "grid started"
     ;;
   serve)
-    bash .stage/r1/install_part.sh
-    python3 -c "import ray, ray.serve, lmdeploy, openai; print('ray', ray.__version__, 'lmdeploy', lmdeploy.__version__)" || exit 1
-    wait_for_weights
+    ray_job_ready /root/tm/serve "ray.serve, lmdeploy, openai"
     grep -E "saved|expected accept|exit|Error" /root/tm/train.log | tail -4
-    mkdir -p /root/tm/serve && rm -f /root/tm/serve/done && cp /root/tm/train.log /root/tm/serve/
     python3 benchmarks/gpu/measure_mtp.py --versions > /root/tm/serve/versions.json 2>&1
     setsid nohup bash -c "source benchmarks/gpu/device_env.sh; source /root/tm/env.sh;
       MTP_TEST_CHECKPOINT=/root/ckpt timeout 600 python3 -m pytest tests/gpu/test_gpu_turbomind.py -v -s \
@@ -154,10 +159,7 @@ case $STEP in
     sleep 5; echo "serve job started"
     ;;
   repro)
-    bash .stage/r1/install_part.sh
-    python3 -c "import ray, ray.serve, ray.tune, optuna, lmdeploy; print('ray', ray.__version__, 'optuna', optuna.__version__)" || exit 1
-    wait_for_weights
-    mkdir -p /root/tm/repro && rm -f /root/tm/repro/done && cp /root/tm/train.log /root/tm/repro/
+    ray_job_ready /root/tm/repro "ray.serve, ray.tune, optuna, lmdeploy"
     shift
     setsid nohup bash -c "source benchmarks/gpu/device_env.sh; source /root/tm/env.sh;
       python3 benchmarks/gpu/measure_reproducibility.py --ckpt /root/ckpt --out /root/tm/repro --work /root/tm/repro-work $* \
@@ -165,10 +167,7 @@ case $STEP in
     sleep 5; echo "reproducibility job started"
     ;;
   payoff)
-    bash .stage/r1/install_part.sh
-    python3 -c "import ray, ray.serve, ray.tune, optuna, lmdeploy; print('ray', ray.__version__)" || exit 1
-    wait_for_weights
-    P=/root/tm/payoff && mkdir -p $P && rm -f $P/done && cp /root/tm/train.log $P/
+    P=/root/tm/payoff && ray_job_ready $P "ray.serve, ray.tune, optuna, lmdeploy"
     python3 benchmarks/gpu/measure_mtp.py --versions > $P/versions.json 2>&1
     setsid nohup bash -c "source benchmarks/gpu/device_env.sh; source /root/tm/env.sh;
       python3 -m tuning.sweep --model /root/ckpt --session-len 4096 --tp 1 --run-dir $P/sweep --sweep-id payoff-h200 \
