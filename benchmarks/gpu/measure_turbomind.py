@@ -91,7 +91,8 @@ def counted_rows(rows: list[dict[str, Any]], *, admit_unrecorded: bool = False) 
         lost = r.get("failed") or 0
         reasons = r.get("failure_reasons")
         if lost == 0:
-            best[key] = r if not best.get(key) or best[key].get("admitted") else best[key]
+            if key not in best or best[key].get("admitted"):  # a clean wave replaces an admitted one
+                best[key] = r
         elif key not in best and r.get("completed") and (
                 (reasons and set(reasons) == {EMPTY_TEXT}) or (reasons is None and admit_unrecorded)):
             scale = (r["completed"] + lost) / r["completed"]
