@@ -13,8 +13,12 @@ drive counts; ``benchmarks/gpu/turbomind_device.sh payoff`` runs it on the H200.
 Every drive also records each class's share of its goodput (``classes``). Those shares cannot stand in
 for the cap (the best any table could do): in a closed loop a single config's share for a class is its
 overall rate times the class's share of the stream, so the per-class best of the singles comes out at
-about the best single config, which a table that lets engines specialise can beat. The cap has to be
-served as an app of its own.
+about the best single config, which a table that lets engines specialise can beat. So the cap is served
+as an app of its own (``--cap``, default on): before the rounds every single app serves each part of
+the stated mix (bucket x sampling band) alone, a steady ``--cap-seconds`` drive at the ramp's target
+load; :func:`tuning.cap.best_routing` routes the parts on the table's number of replicas from those
+rates, and that routing is deployed as ``cap`` (or, when it is one config everywhere, that single's app
+stands for it) and driven in every round beside the table: the ratio table / cap with its interval.
 
 Apps (one Ray, one Serve; all deployed before the first drive, each at its own route prefix):
 
@@ -25,6 +29,8 @@ Apps (one Ray, one Serve; all deployed before the first drive, each at its own r
   holding from one request in flight;
 - ``single-<config>``: one config for every request, on as many replicas as the table runs in all;
   the candidates are the table's configs, and with ``--sweep-dir`` every config the sweep measured.
+- ``cap``: the best routing of the stated mix's parts over the singles' configs (above), deployed after
+  the selection drives.
 
     python -m tuning.sweep --buckets 1024,4096,8192 --temperatures 0,0.8 --concurrency 16,64 --backends pytorch \
         --memory-fraction 0.9 --num-draft-tokens 1,2,3,4 --serve-gpus 16 --run-dir /tmp/mp/sweep \
@@ -180,9 +186,10 @@ def class_goodputs(records: Any, profile: Any, slo: Any, classes: int) -> list[f
     return [overall_figures([r for r in records if r.class_index == c], profile, slo).goodput for c in range(classes)]
 
 
-def summarize(drives: list[dict[str, Any]], apps: list[str]) -> dict[str, Any]:
+def summarize(drives: list[dict[str, Any]], apps: list[str], cap_app: str | None = None) -> dict[str, Any]:
     """Per mix: per app the overall and per-phase goodput per round (faithful drives only), mean and 95 %
-    CI; per round the ratio table / best single (the single with the best mean), and its CI."""
+    CI; per round the ratio table / best single (the single with the best mean), and its CI; with
+    ``cap_app`` (the app that serves the cap: ``cap`` or a single) also table / cap."""
     from tuning.stats import mean_confidence_interval
 
     def ci(xs: list[float]) -> dict[str, Any] | None:
@@ -210,23 +217,77 @@ def summarize(drives: list[dict[str, Any]], apps: list[str]) -> dict[str, Any]:
         singles = {a: v for a, v in per_app.items() if a.startswith("single-")}
         entry: dict[str, Any] = {"apps": per_app, "drives": len(ds), "faithful_drives": len(good),
                                  "unfaithful": [f"{d['app']} round {d['round']}" for d in ds if not d["kept_schedule"]]}
+        def paired(t: str, ref: str) -> tuple[list[float], dict[str, list[float]]]:
+            ratios: list[float] = []
+            phase_ratios: dict[str, list[float]] = {}
+            for rnd in sorted({d["round"] for d in ds}):
+                here = {d["app"]: d for d in ds if d["round"] == rnd}
+                if t not in here or ref not in here or not (here[t]["kept_schedule"] and here[ref]["kept_schedule"]):
+                    continue  # a pair with an unfaithful drive ranks nothing
+                ratios.append(here[t]["overall"]["goodput"] / max(here[ref]["overall"]["goodput"], 1e-9))
+                for i, p in enumerate(here[t]["phases"]):
+                    phase_ratios.setdefault(p["label"], []).append(
+                        p["goodput"] / max(here[ref]["phases"][i]["goodput"], 1e-9))
+            return ratios, phase_ratios
+
+        tables = [a for a in per_app if a.startswith("table")]
         if singles:
             best = max(singles, key=lambda a: singles[a]["goodput"]["mean"])
             entry["best_single"] = best
-            for t in (a for a in per_app if a.startswith("table")):
-                ratios, phase_ratios = [], {}
-                for rnd in sorted({d["round"] for d in ds}):
-                    here = {d["app"]: d for d in ds if d["round"] == rnd}
-                    if t not in here or best not in here or not (here[t]["kept_schedule"] and here[best]["kept_schedule"]):
-                        continue  # a pair with an unfaithful drive ranks nothing
-                    ratios.append(here[t]["overall"]["goodput"] / max(here[best]["overall"]["goodput"], 1e-9))
-                    for i, p in enumerate(here[t]["phases"]):
-                        phase_ratios.setdefault(p["label"], []).append(
-                            p["goodput"] / max(here[best]["phases"][i]["goodput"], 1e-9))
+            for t in tables:
+                ratios, phase_ratios = paired(t, best)
                 entry[f"ratio {t} / best single"] = ci(ratios)
                 entry[f"phase ratios {t} / best single"] = {k: ci(v) for k, v in phase_ratios.items()}
+        if cap_app and cap_app in per_app:
+            entry["cap"] = cap_app
+            for t in tables:
+                ratios, phase_ratios = paired(t, cap_app)
+                entry[f"ratio {t} / cap"] = ci(ratios)
+                entry[f"phase ratios {t} / cap"] = {k: ci(v) for k, v in phase_ratios.items()}
         out[mix] = entry
     return out
+
+
+def measure_cap(table_data: dict[str, Any], mix: Any, singles: dict[str, str], replicas: int,
+                part_goodput: Any, configs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The cap's selection: every single app (``singles``: app -> engine key, each on ``replicas``
+    engines) serves each part (bucket x sampling band) of ``mix`` alone, ``part_goodput(app, part_mix,
+    label)`` -> goodput or ``None`` (engines fell behind); :func:`tuning.cap.best_routing` routes the parts
+    on ``replicas`` replicas. Returns the record: per part its token share, every single's goodput per
+    replica and the route; the routing's replicas and predicted rate; and ``app``: ``"cap"`` (with
+    ``table``, to deploy) or the single app that is the cap, or ``error`` when a part has no rate."""
+    from orchestrator import table as routing
+    from tuning.cap import best_routing, cap_table
+    from tuning.traffic import TrafficMix
+
+    table = routing.parse(table_data)
+    shares = mix.cell_shares(table, by="tokens")
+    rates: dict[tuple[str, str, str], float] = {}
+    for bucket, band in sorted(shares):
+        part_mix = TrafficMix(default_temperature=mix.default_temperature, classes=[
+            c for c in mix.classes if table.bucket_for(c.max_tokens).name == bucket
+            and table.band_for(mix.temperature_of(c)).name == band])
+        for app, key in singles.items():
+            good = part_goodput(app, part_mix, f"{bucket}/{band}")
+            if good is not None:
+                rates[(key, bucket, band)] = good / replicas
+    record: dict[str, Any] = {"configs": sorted(set(singles.values())), "parts": [
+        {"bucket": b, "band": band, "token_share": round(s, 4), "route": None,
+         "rates": {k: round(rates[(k, b, band)], 3) for k in sorted(set(singles.values())) if (k, b, band) in rates}}
+        for (b, band), s in sorted(shares.items())]}
+    try:
+        plan = best_routing(rates, shares, replicas)
+    except ValueError as e:
+        return {**record, "error": str(e)}
+    for part in record["parts"]:
+        part["route"] = plan.routes[(part["bucket"], part["band"])]
+    record.update(replicas=dict(plan.replicas), predicted_rate=round(plan.rate, 3))
+    if plan.single:
+        return {**record, "app": f"single-{plan.single}",
+                "note": f"every part is served best by {plan.single}: the cap is that single config's app"}
+    routed = cap_table(table_data, plan, configs, rates, primary_band=table.sampling_bands[0].name)
+    return {**record, "app": "cap", "table": routed,
+            "note": f"{len(plan.replicas)} configs, the parts routed to their fastest on whole replicas"}
 
 
 def _fmt(ci: dict[str, Any] | None, digits: int = 0) -> str:
@@ -256,7 +317,8 @@ def render_markdown(result: dict[str, Any]) -> str:
         lines.append("")
         for k, v in entry.items():
             if k.startswith("ratio") and v:
-                lines.append(f"- **{k}** ({entry['best_single']}): **{_fmt(v, 3)}**, per round {v['values']}")
+                ref = entry["cap"] if k.endswith("/ cap") else entry["best_single"]
+                lines.append(f"- **{k}** ({ref}): **{_fmt(v, 3)}**, per round {v['values']}")
             if k.startswith("phase ratios"):
                 lines.append(f"- {k}: " + "; ".join(f"{ph} {_fmt(c, 3)}" for ph, c in v.items() if c))
         lines.append(f"- drives: {entry['drives']}, faithful: {entry['faithful_drives']}"
@@ -264,6 +326,19 @@ def render_markdown(result: dict[str, Any]) -> str:
         lines.append("")
     lines.append(f"Good request: completed, TTFT <= {slo['ttft_s']:g} s and TPOT <= {slo['tpot_s'] * 1000:g} ms"
                  + (" (simulated time)." if result.get("simulated", True) else "."))
+    cap = result.get("cap")
+    if cap:
+        lines += ["", f"### The cap: each part of the stated mix alone on each single app ({cap['seconds']:g}-s steady "
+                  f"drive at {cap['in_flight']} in flight), goodput per replica, tok/s", "",
+                  "| part | token share | " + " | ".join(cap["configs"]) + " | cap routes it to |",
+                  "|---" * (len(cap["configs"]) + 3) + "|"]
+        for part in cap["parts"]:
+            rates = [part["rates"].get(k) for k in cap["configs"]]
+            lines.append(f"| {part['bucket']}/{part['band']} | {part['token_share']:.3f} | "
+                         + " | ".join("-" if r is None else f"{r:,.0f}" for r in rates) + f" | {part['route']} |")
+        lines += ["", f"- cap: {cap.get('note', '')}; replicas {cap['replicas']}, predicted {cap['predicted_rate']:,.0f} "
+                  f"tok/s of goodput on the mix; served by app `{cap['app']}`" if cap.get("app") else
+                  f"- cap not served: {cap.get('error')}"]
     return "\n".join(lines)
 
 
@@ -290,6 +365,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--retries", type=int, default=1, help="drives again whose engines fell behind, up to this often")
     p.add_argument("--sweep-dir", default=None, help="the sweep's run dir: every config it measured is a single-config "
                    "candidate (default: the table's configs only)")
+    p.add_argument("--cap", action=argparse.BooleanOptionalAction, default=True,
+                   help="measure the cap: every single app serves each part of the stated mix alone, the best routing "
+                        "of the parts on the table's replicas is served as app 'cap' beside the table (see above)")
+    p.add_argument("--cap-seconds", type=float, default=None,
+                   help="length of each cap selection drive (default: the profile's first phase)")
     p.add_argument("--fixed-cells", action=argparse.BooleanOptionalAction, default=False,
                    help="also serve the table with its cells holding at any load (see above)")
     p.add_argument("--renice", action=argparse.BooleanOptionalAction, default=True,
@@ -307,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.render:  # the summary again from the drives (this script's current rules), then the tables
         path = Path(a.render)
         done = json.loads(path.read_text())
-        done["summary"] = summarize(done["drives"], list(done["apps"]))
+        done["summary"] = summarize(done["drives"], list(done["apps"]), (done.get("cap") or {}).get("app"))
         path.write_text(json.dumps(done, indent=1))
         print(render_markdown(done))
         return 0
@@ -321,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     from orchestrator.ports import find_free_port
     from tuning.drive import MLPERF_SERVER_SLO, lateness_between, overall_figures, phase_figures, run_drive
     from tuning.drive.summary import MAX_LAG_SHARE, kept_schedule, max_lag_s
-    from tuning.traffic import LoadProfile, TrafficMix, load_mix
+    from tuning.traffic import LoadPhase, LoadProfile, TrafficMix, load_mix
 
     t0 = time.monotonic()
     work = Path(a.work_dir)
@@ -367,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     out_json = out_dir / f"{a.name}.json"
 
     def save() -> None:
-        result["summary"] = summarize(result["drives"], list(apps))
+        result["summary"] = summarize(result["drives"], list(apps), (result.get("cap") or {}).get("app"))
         result["elapsed_s"] = round(time.monotonic() - t0, 1)
         out_json.write_text(json.dumps(result, indent=1))
 
@@ -382,7 +462,8 @@ def main(argv: list[str] | None = None) -> int:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         urls: dict[str, list[str]] = {}
         bases: dict[str, str] = {}
-        for name, (data, replicas) in apps.items():
+
+        def deploy_app(name: str, data: dict[str, Any], replicas: dict[str, int]) -> None:
             path = work / f"{name}.json"
             if path.exists():
                 path.unlink()
@@ -400,29 +481,58 @@ def main(argv: list[str] | None = None) -> int:
             ingress = direct_ingress_urls(name) if a.direct_ingress else []
             bases[name] = ingress[0].removesuffix("/v1") if ingress else f"http://127.0.0.1:{port}/{name}"
             log(f"deployed {name}: {len(urls[name])} engines, router at {bases[name]}")
+
+        def drive_app(app: str, mix: TrafficMix, prof: LoadProfile, seed: int, label: str) -> tuple[Any, Any, bool]:
+            """One drive of ``app``; on simulated engines again (``--retries``) while its engines fall behind.
+            Returns the drive, the engines' lateness and whether they kept their schedule."""
+            for attempt in range(1 + a.retries):
+                before = asyncio.run(_counters(urls[app])) if simulated else {}
+                res = run_drive(bases[app], mix, prof, seed=seed, drain_s=600)
+                if not simulated:  # a real engine has no schedule: every drive counts
+                    return res, (), True
+                lateness = lateness_between(before, asyncio.run(_counters(urls[app])))
+                if kept_schedule(lateness, prof):
+                    return res, lateness, True
+                result.setdefault("retried", []).append({"drive": label, "app": app, "lateness": [
+                    e.__dict__ for e in lateness]})
+                log(f"{label} {app}: engines fell behind (attempt {attempt + 1}); "
+                    + ("again" if attempt < a.retries else "recorded, left out of the figures"))
+            return res, lateness, False
+
+        for name, (data, replicas) in apps.items():
+            deploy_app(name, data, replicas)
         result["deployed_s"] = round(time.monotonic() - t0, 1)
         if a.renice:
             log(f"reniced {renice_descendants(0)} of this run's processes (Ray workers, engines) to 0")
+        if a.cap:
+            seconds = a.cap_seconds or profile.phases[0].seconds
+            singles_keys = {app: app.removeprefix("single-") for app in apps if app.startswith("single-")}
+
+            def part_goodput(app: str, part_mix: TrafficMix, part: str) -> float | None:
+                prof = LoadProfile(phases=[LoadPhase(seconds=seconds, concurrency=levels[1] * n, name="steady")])
+                res, _, ok = drive_app(app, part_mix, prof, a.seed, f"cap selection {part}")
+                good = overall_figures(res.records, prof, slo).goodput
+                log(f"cap selection {part} {app}: goodput {good:,.0f} tok/s" + ("" if ok else " — FELL BEHIND: left out"))
+                return good if ok else None
+
+            cap = measure_cap(table_data, mixes["stated"], singles_keys, n, part_goodput,
+                              {k: c for k, c in singles.items()})
+            cap.update(seconds=seconds, in_flight=levels[1] * n)
+            log(f"cap: {cap.get('note') or cap.get('error')}")
+            result["cap"] = cap
+            if cap.get("app") == "cap":
+                apps["cap"] = (cap.pop("table"), cap["replicas"])
+                deploy_app("cap", *apps["cap"])
+                result["apps"]["cap"] = sorted(cap["replicas"])
+                if a.renice:
+                    renice_descendants(0)
+            save()
         names = list(apps)
         plan = [(m, r) for m in mixes for r in range(a.rounds if m == "stated" else a.other_rounds)]
         for mix_name, rnd in plan:
             order = names if rnd % 2 == 0 else names[::-1]  # alternate, so a drift touches all apps alike
             for app in order:
-                for attempt in range(1 + a.retries):
-                    before = asyncio.run(_counters(urls[app])) if simulated else {}
-                    res = run_drive(bases[app], mixes[mix_name], profile, seed=a.seed + rnd,
-                                    drain_s=600)
-                    if not simulated:  # a real engine has no schedule: every drive counts
-                        lateness, ok = (), True
-                        break
-                    lateness = lateness_between(before, asyncio.run(_counters(urls[app])))
-                    ok = kept_schedule(lateness, profile)
-                    if ok:
-                        break
-                    result.setdefault("retried", []).append({"mix": mix_name, "round": rnd, "app": app, "lateness": [
-                        e.__dict__ for e in lateness]})
-                    log(f"{mix_name} round {rnd} {app}: engines fell behind (attempt {attempt + 1}); "
-                        + ("again" if attempt < a.retries else "recorded, left out of the figures"))
+                res, lateness, ok = drive_app(app, mixes[mix_name], profile, a.seed + rnd, f"{mix_name} round {rnd}")
                 figs = phase_figures(res.records, profile, slo)
                 overall = overall_figures(res.records, profile, slo)
                 result["drives"].append({

@@ -36,8 +36,10 @@
 #       installs Ray and Optuna, waits for the trained weights, then in the background: a sweep of the PyTorch
 #       engine (MTP off / PAYOFF_DRAFTS draft tokens, buckets 256 and 1024, 16 and 64 in flight, T 0 and 0.8,
 #       the stated mix benchmarks/gpu/payoff_mix_test_ckpt.yaml, engines sharing the GPU), then
-#       benchmarks/mixed_payoff.py: its table against each of its configs alone on as many engines,
-#       PAYOFF_ROUNDS (4) interleaved rounds of a ramp and a burst (~1 min a drive, 3 apps: ~13 min)
+#       benchmarks/mixed_payoff.py: its table against each of its configs alone on as many engines and
+#       against the cap (each part of the mix driven alone on each config, the best routing served as an
+#       app), PAYOFF_ROUNDS (4) interleaved rounds of a ramp and a burst (~1 min a drive, 4 apps: ~17 min;
+#       every drive is saved as it ends, so a lease that ends first keeps the rounds done)
 #   then, until it says done:  OUT=$OUT bash benchmarks/gpu/turbomind_device.sh payoff-collect
 # Where a measurement's spread comes from (issue #22 item 2), without training:
 #   carry [".stage/t1"]: NO_TRAIN=1 OUT=$OUT bash benchmarks/gpu/turbomind_device.sh t1
@@ -167,14 +169,14 @@ case $STEP in
     sleep 5; echo "reproducibility job started"
     ;;
   payoff)
-    P=/root/tm/payoff && ray_job_ready $P "ray.serve, ray.tune, optuna, lmdeploy"
+    P=/root/tm/payoff && ray_job_ready $P "ray.serve, ray.tune, optuna, lmdeploy, pandas, pyarrow"
     python3 benchmarks/gpu/measure_mtp.py --versions > $P/versions.json 2>&1
     setsid nohup bash -c "source benchmarks/gpu/device_env.sh; source /root/tm/env.sh;
       python3 -m tuning.sweep --model /root/ckpt --session-len 4096 --tp 1 --run-dir $P/sweep --sweep-id payoff-h200 \
         --no-live --backends pytorch --speculative false,true --num-draft-tokens ${PAYOFF_DRAFTS:-4} \
-        --buckets 256,1024 --concurrency 16,64 --temperatures 0,0.8 --num-prompts 128 --repeats 2 \
+        --buckets 256,1024 --concurrency 16,64 --temperatures 0,0.8 --num-prompts 64 --repeats 2 \
         --memory-fraction 0.06 --max-batch-size 64 --share-gpu --traffic-mix benchmarks/gpu/payoff_mix_test_ckpt.yaml \
-        --time-budget-s 600 --seed 0 > $P/sweep.log 2>&1;
+        --time-budget-s 540 --seed 0 > $P/sweep.log 2>&1;
       python3 benchmarks/mixed_payoff.py --table $P/sweep/routing_table.json --mix benchmarks/gpu/payoff_mix_test_ckpt.yaml \
         --other-mixes '' --rounds ${PAYOFF_ROUNDS:-4} --retries 0 --levels 16,32,64 --profile-scale 0.2 --share-gpu \
         --out-dir $P --name payoff_h200 --work-dir $P/work > $P/payoff.log 2>&1;
@@ -187,7 +189,7 @@ case $STEP in
     tail -n 3 $P/sweep.log 2>/dev/null; grep "^\[payoff" $P/payoff.log 2>/dev/null | tail -n 6
     [ -f $P/done ] && echo "PAYOFF DONE" || echo "payoff job still running"
     cp $P/*.json $P/*.log "$OUT/" 2>/dev/null
-    [ -f $P/sweep/routing_table.json ] && cp $P/sweep/routing_table.json "$OUT/"
+    for f in routing_table.json results.parquet; do [ -f $P/sweep/$f ] && cp $P/sweep/$f "$OUT/"; done
     [ -f $P/done ] && tar czf "$OUT/sweep_and_engine_logs.tgz" -C $P sweep work 2>/dev/null
     ;;
   repro-collect)

@@ -2,6 +2,7 @@
 the best single config round by round, and the report's labels for real engines."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -41,3 +42,49 @@ def test_the_table_is_reported_against_the_best_single_round_by_round():
     assert s["ratio table / best single"]["values"] == pytest.approx([40 / 33, 38 / 36], abs=1e-4)
     md = payoff.render_markdown({"summary": {"stated": s}, "slo": {"ttft_s": 2.0, "tpot_s": 0.08}, "simulated": False})
     assert "table / best single" in md and "(measured)" in md and "simulated time" not in md
+
+
+def test_the_cap_is_chosen_from_each_part_driven_alone_and_reported_beside_the_table():
+    from orchestrator import table as routing
+    from tuning.traffic import load_mix
+
+    table_data = json.loads(payoff.DEFAULT_TABLE.read_text())
+    table = routing.parse(table_data)
+    keys = sorted(table.distinct_configs())
+    mix = load_mix(payoff.DEFAULT_MIX)
+    drives: list[tuple[str, str]] = []
+
+    def goodput(best_greedy: str):
+        def part_goodput(app: str, part_mix, label: str) -> float | None:
+            drives.append((app, label))
+            assert {table.band_for(part_mix.temperature_of(c)).name for c in part_mix.classes} == {label.split("/")[1]}
+            fast = (app == f"single-{best_greedy}") == label.endswith("/greedy")
+            return 300.0 if fast else 200.0
+        return part_goodput
+
+    singles = {f"single-{k}": k for k in keys[:2]}
+    cap = payoff.measure_cap(table_data, mix, singles, 2, goodput(keys[0]), {k: c.to_dict() for k, c in table.distinct_configs().items()})
+    parts = {(p["bucket"], p["band"]) for p in cap["parts"]}
+    assert parts == set(mix.cell_shares(table, by="tokens")) and len(drives) == 2 * len(parts)
+    assert cap["app"] == "cap" and all(p["rates"] for p in cap["parts"])
+    served = routing.parse(cap["table"])
+    for p in cap["parts"]:
+        b = served.bucket(p["bucket"])
+        cell = b.cell_for(p["band"], 1)
+        assert (cell.engine_config() if cell else b.engine_config()).key() == p["route"]
+    assert {p["route"] for p in cap["parts"] if p["band"] == "greedy"} == {keys[0]}
+
+    # one config fastest everywhere: that single's app is the cap
+    alone = payoff.measure_cap(table_data, mix, singles, 2, lambda app, m, label: 300.0 if app.endswith(keys[1]) else 100.0, {})
+    assert alone["app"] == f"single-{keys[1]}" and "table" not in alone
+    # a part whose drives all fell behind: no cap, and the record says why
+    behind = payoff.measure_cap(table_data, mix, singles, 2, lambda app, m, label: None if "sampled" in label else 1.0, {})
+    assert "app" not in behind and "sampled" in behind["error"]
+
+    drives_ = [_drive("table", 0, [40.0]), _drive("cap", 0, [44.0]), _drive("single-a", 0, [30.0]),
+               _drive("table", 1, [42.0]), _drive("cap", 1, [42.0]), _drive("single-a", 1, [33.0])]
+    s = payoff.summarize(drives_, ["table", "cap", "single-a"], "cap")["stated"]
+    assert s["cap"] == "cap" and s["ratio table / cap"]["values"] == pytest.approx([40 / 44, 1.0], abs=1e-4)
+    md = payoff.render_markdown({"summary": {"stated": s}, "slo": {"ttft_s": 2.0, "tpot_s": 0.08}, "simulated": True,
+                                 "cap": {**cap, "seconds": 30, "in_flight": 64}})
+    assert "**ratio table / cap** (cap)" in md and "The cap:" in md and keys[0] in md
