@@ -109,6 +109,49 @@ def single_table(table_data: dict[str, Any], config: dict[str, Any]) -> dict[str
                          "config": config, "figures": {"output_throughput": 1.0}}]}
 
 
+def with_memory_fraction(table_data: dict[str, Any], fraction: float) -> dict[str, Any]:
+    """``table_data`` with every config (buckets, cells, load variants) at memory fraction ``fraction``,
+    and its planned replicas re-keyed to the configs' new engine keys."""
+    from orchestrator.config import EngineConfig
+
+    if not 0 < fraction < 1:
+        raise SystemExit(f"error: --memory-fraction {fraction} must lie between 0 and 1")
+    out = json.loads(json.dumps(table_data))
+    renamed: dict[str, str] = {}
+
+    def moved(cfg: dict[str, Any]) -> dict[str, Any]:
+        new = {**cfg, "memory_fraction": fraction}
+        renamed[EngineConfig.from_dict(cfg).key()] = EngineConfig.from_dict(new).key()
+        return new
+
+    for b in out["buckets"]:
+        b["config"] = moved(b["config"])
+        for part in (*b.get("cells", ()), *b.get("load_variants", ())):
+            part["config"] = moved(part["config"])
+    budget = out.get("provenance", {}).get("gpu_budget")
+    if budget and budget.get("replicas"):
+        merged: dict[str, int] = {}
+        for k, n in budget["replicas"].items():
+            merged[renamed.get(k, k)] = merged.get(renamed.get(k, k), 0) + n
+        budget["replicas"] = merged
+    return out
+
+
+def gpus_reserved(apps: dict[str, tuple[dict[str, Any], dict[str, int]]], share_gpu: bool, cap_engines: int = 0) -> float:
+    """GPUs the apps' engines reserve together (``apps``: name -> (table, replicas per engine key)), plus
+    ``cap_engines`` more of the largest reservation (the cap app, deployed later)."""
+    from orchestrator import table as routing
+
+    total, largest = 0.0, 0.0
+    for data, replicas in apps.values():
+        configs = routing.parse(data).distinct_configs()
+        for key, n in replicas.items():
+            r = configs[key].gpu_request(share_gpu=share_gpu)
+            total += n * r
+            largest = max(largest, r)
+    return round(total + cap_engines * largest, 4)
+
+
 def engine_urls(app: str, replicas: dict[str, int]) -> list[str]:
     """Every engine replica's URL of ``app`` (``replicas``: engine key -> replicas; a handle reaches one
     replica per call: ask until all answered)."""
@@ -217,7 +260,7 @@ def summarize(drives: list[dict[str, Any]], apps: list[str], cap_app: str | None
         singles = {a: v for a, v in per_app.items() if a.startswith("single-")}
         entry: dict[str, Any] = {"apps": per_app, "drives": len(ds), "faithful_drives": len(good),
                                  "unfaithful": [f"{d['app']} round {d['round']}" for d in ds if not d["kept_schedule"]]}
-        def paired(t: str, ref: str) -> tuple[list[float], dict[str, list[float]]]:
+        def paired(t: str, ref: str, ds: list[dict[str, Any]] = ds) -> tuple[list[float], dict[str, list[float]]]:
             ratios: list[float] = []
             phase_ratios: dict[str, list[float]] = {}
             for rnd in sorted({d["round"] for d in ds}):
@@ -328,16 +371,16 @@ def render_markdown(result: dict[str, Any]) -> str:
                  + (" (simulated time)." if result.get("simulated", True) else "."))
     cap = result.get("cap")
     if cap:
-        lines += ["", f"### The cap: each part of the stated mix alone on each single app ({cap['seconds']:g}-s steady "
-                  f"drive at {cap['in_flight']} in flight), goodput per replica, tok/s", "",
+        lines += ["", (f"### The cap: each part of the stated mix alone on each single app ({cap['seconds']:g}-s steady "
+                       f"drive at {cap['in_flight']} in flight), goodput per replica, tok/s"), "",
                   "| part | token share | " + " | ".join(cap["configs"]) + " | cap routes it to |",
                   "|---" * (len(cap["configs"]) + 3) + "|"]
         for part in cap["parts"]:
             rates = [part["rates"].get(k) for k in cap["configs"]]
             lines.append(f"| {part['bucket']}/{part['band']} | {part['token_share']:.3f} | "
                          + " | ".join("-" if r is None else f"{r:,.0f}" for r in rates) + f" | {part['route']} |")
-        lines += ["", f"- cap: {cap.get('note', '')}; replicas {cap['replicas']}, predicted {cap['predicted_rate']:,.0f} "
-                  f"tok/s of goodput on the mix; served by app `{cap['app']}`" if cap.get("app") else
+        lines += ["", (f"- cap: {cap.get('note', '')}; replicas {cap['replicas']}, predicted {cap['predicted_rate']:,.0f} "
+                       f"tok/s of goodput on the mix; served by app `{cap['app']}`") if cap.get("app") else
                   f"- cap not served: {cap.get('error')}"]
     return "\n".join(lines)
 
@@ -370,6 +413,10 @@ def main(argv: list[str] | None = None) -> int:
                         "of the parts on the table's replicas is served as app 'cap' beside the table (see above)")
     p.add_argument("--cap-seconds", type=float, default=None,
                    help="length of each cap selection drive (default: the profile's first phase)")
+    p.add_argument("--memory-fraction", type=float, default=None,
+                   help="real engines: serve every config (table, singles, cap) at this --cache-max-entry-count, "
+                        "so that all apps fit the GPUs at once (a small checkpoint's throughput does not depend "
+                        "on it while its KV cache holds the batch; the results name the configs as served)")
     p.add_argument("--fixed-cells", action=argparse.BooleanOptionalAction, default=False,
                    help="also serve the table with its cells holding at any load (see above)")
     p.add_argument("--renice", action=argparse.BooleanOptionalAction, default=True,
@@ -396,10 +443,17 @@ def main(argv: list[str] | None = None) -> int:
     from ray import serve
 
     from orchestrator import table as routing
+    from orchestrator.config import EngineConfig
     from orchestrator.deploy import deploy, direct_ingress_urls
     from orchestrator.hostinfo import cpu_model, cpus_available, package_versions
     from orchestrator.ports import find_free_port
-    from tuning.drive import MLPERF_SERVER_SLO, lateness_between, overall_figures, phase_figures, run_drive
+    from tuning.drive import (
+        MLPERF_SERVER_SLO,
+        lateness_between,
+        overall_figures,
+        phase_figures,
+        run_drive,
+    )
     from tuning.drive.summary import MAX_LAG_SHARE, kept_schedule, max_lag_s
     from tuning.traffic import LoadPhase, LoadProfile, TrafficMix, load_mix
 
@@ -409,6 +463,8 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(a.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     table_data = json.loads(Path(a.table).read_text())
+    if a.memory_fraction is not None:
+        table_data = with_memory_fraction(table_data, a.memory_fraction)
     table = routing.parse(table_data)
     configs = {k: c.to_dict() for k, c in table.distinct_configs().items()}
     planned = dict(table.provenance.gpu_budget.replicas) if table.provenance.gpu_budget else {}
@@ -417,7 +473,11 @@ def main(argv: list[str] | None = None) -> int:
     apps: dict[str, tuple[dict[str, Any], dict[str, int]]] = {"table": (table_data, table_replicas)}
     if a.fixed_cells:
         apps["table-cells-at-any-load"] = (cells_at_any_load(table_data), table_replicas)
-    singles = {**configs, **(measured_configs(a.sweep_dir) if a.sweep_dir else {})}
+    measured = measured_configs(a.sweep_dir) if a.sweep_dir else {}
+    if a.memory_fraction is not None:
+        measured = {EngineConfig.from_dict(c).key(): c for c in
+                    (dict(c, memory_fraction=a.memory_fraction) for c in measured.values())}
+    singles = {**configs, **measured}
     for key, cfg in singles.items():
         apps[f"single-{key}"] = (single_table(table_data, cfg), {key: n})
     mixes: dict[str, TrafficMix] = {"stated": load_mix(a.mix)}
@@ -458,6 +518,15 @@ def main(argv: list[str] | None = None) -> int:
     result["serve_env"] = {k: v for k, v in __import__("os").environ.items() if k.startswith("RAY_SERVE_")}
     port = find_free_port()
     ray.init(address="local", num_cpus=a.num_cpus or cpus_available(), include_dashboard=False, log_to_driver=False)
+    if not simulated:  # every app is resident at once: refuse before any engine starts if they cannot be
+        need = gpus_reserved(apps, a.share_gpu, cap_engines=n if a.cap else 0)
+        have = float(ray.cluster_resources().get("GPU", 0))
+        if need > have + 1e-9:
+            ray.shutdown()
+            raise SystemExit(f"error: the apps reserve {need:g} GPU(s) at once ({len(apps)} apps"
+                             + (f" and up to {n} cap engines" if a.cap else "") + f"), the cluster has {have:g}; "
+                             "lower every engine's --memory-fraction (with --share-gpu an engine reserves its "
+                             "fraction + 0.1 of a GPU), drop singles with --apps, or run with --no-cap")
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         urls: dict[str, list[str]] = {}

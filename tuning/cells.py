@@ -16,7 +16,7 @@ from typing import Any
 from orchestrator.config import EngineConfig
 from orchestrator.table import BucketFigures, BucketRoute, Cell, select_cell
 from tuning.mixed import MixedPrediction, mixed_throughput
-from tuning.stats import mean_confidence_interval
+from tuning.stats import PooledNoise, mean_confidence_interval
 
 __all__ = ["BucketChoice", "CellMeasurement", "choose_cells", "mix_parts", "part_rates", "predict_mix"]
 
@@ -72,12 +72,14 @@ class BucketChoice:
 
 def choose_cells(measurements: Iterable[CellMeasurement], *, primary_band: str, primary_in_flight: int,
                  level: float = 0.95, min_gain: float = 0.0,
-                 primary_keys: Mapping[str, str] | None = None) -> dict[str, BucketChoice]:
+                 primary_keys: Mapping[str, str] | None = None,
+                 noise: PooledNoise | None = None) -> dict[str, BucketChoice]:
     """Per bucket: the primary (the best mean at ``primary_band`` x ``primary_in_flight``, or
     ``primary_keys[bucket]`` when the caller chose it, e.g. under a GPU budget) and a cell for every
-    other (band, load level) whose best config beats the config it would otherwise get beyond both
-    confidence intervals and by more than ``min_gain`` (the noise floor for figures measured once, whose
-    intervals have no width). Load levels are taken in increasing order, so a cell at a higher level is
+    other (band, load level) whose best config beats the config it would otherwise get beyond the noise
+    (with the sweep's pooled ``noise``: the interval of their throughput ratio lies above 1; without:
+    beyond both confidence intervals) and by more than ``min_gain`` (the noise floor for figures
+    measured once, whose intervals have no width). Load levels are taken in increasing order, so a cell at a higher level is
     written only where it changes the outcome. A cell found at the bucket's lowest measured level serves
     its band from one request in flight up (``min_in_flight`` 1): below that level nothing was measured,
     and the nearest evidence is that level's, not the primary's (with ``min_in_flight`` equal to the
@@ -113,15 +115,16 @@ def choose_cells(measurements: Iterable[CellMeasurement], *, primary_band: str, 
                 continue
             b, c = best.figures(level), here[current].figures(level)
             assert b.output_throughput_ci is not None and c.output_throughput_ci is not None
-            if b.output_throughput_ci[0] > c.output_throughput_ci[1] and \
-                    b.output_throughput > c.output_throughput * (1.0 + min_gain):
+            beyond = (noise.ratio_interval(best.throughputs, here[current].throughputs, level)[1] > 1.0
+                      if noise is not None else b.output_throughput_ci[0] > c.output_throughput_ci[1])
+            if beyond and b.output_throughput > c.output_throughput * (1.0 + min_gain):
                 primary_here = here.get(primary.engine_key)
                 chosen.append(Cell(sampling=band, min_in_flight=1 if in_flight == lowest else in_flight,
                                    config=dict(best.config), figures=b,
                                    primary_figures=primary_here.figures(level) if primary_here else None))
             else:
                 notes.append(f"{band}@{in_flight}: {best.engine_key} {b.output_throughput:.0f} tok/s vs "
-                             f"{current} {c.output_throughput:.0f} tok/s, within noise (intervals overlap or gain "
+                             f"{current} {c.output_throughput:.0f} tok/s, within noise (not shown above it, or gain "
                              f"<= {min_gain:.0%}): kept {current}")
         out[bucket] = BucketChoice(bucket, primary.engine_key, primary.config, primary.figures(level), tuple(chosen),
                                    tuple(notes))

@@ -31,7 +31,7 @@ from orchestrator.table import (
     RoutingTable,
     RoutingTableError,
 )
-from tuning.stats import mean_confidence_interval
+from tuning.stats import PooledNoise, mean_confidence_interval
 from tuning.sweep.space import BASELINE_ROLES, ROLE_MTP_OFF, ROLE_STATIC
 
 __all__ = [
@@ -387,15 +387,24 @@ def throughput_interval(row: Mapping[str, Any]) -> tuple[float, float] | None:
     return max(low, 0.0), high
 
 
-def within_noise(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    """Neither row is shown better than the other: both have intervals over rounds and they overlap.
-    Rows measured once are never within noise of each other (their point figures rank them, as the
-    sweep always did); measure with ``--repeats`` for the ranking to respect the noise."""
+def within_noise(a: Mapping[str, Any], b: Mapping[str, Any], noise: PooledNoise | None = None) -> bool:
+    """Neither row is shown better than the other. With the sweep's pooled ``noise``: the interval of
+    their throughput ratio holds 1. Without: both have intervals over rounds and they overlap. Rows
+    measured once, with no pooled noise, are never within noise of each other (their point figures rank
+    them, as the sweep always did); measure with ``--repeats`` for the ranking to respect the noise."""
+    if noise is not None:
+        return not noise.different(repeat_throughputs(a), repeat_throughputs(b))
     ia, ib = throughput_interval(a), throughput_interval(b)
     return ia is not None and ib is not None and ia[0] <= ib[1] and ib[0] <= ia[1]
 
 
-def consolidate(ranked: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
+def pooled_noise(rows: pd.DataFrame) -> PooledNoise | None:
+    """The noise of one round pooled over every successful row measured in rounds (``None``: none was)."""
+    ok = rows[(rows["status"] == STATUS_OK) & rows["output_throughput"].notna()] if not rows.empty else rows
+    return PooledNoise.of(repeat_throughputs(r) for r in ok.to_dict("records"))
+
+
+def consolidate(ranked: Sequence[Sequence[dict[str, Any]]], noise: PooledNoise | None = None) -> list[dict[str, Any]]:
     """Per bucket one row among those within noise of its best (``ranked[i][0]`` and every row whose
     interval overlaps it), such that as few distinct configs as possible serve all buckets.
 
@@ -403,8 +412,8 @@ def consolidate(ranked: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, An
     A costs a second engine for a difference its own rounds cannot tell from noise. Greedy cover: the
     config among the most buckets' ties first (ties -> higher mean log throughput over those buckets,
     then the better-ranked), its row for each of them; then the next, over the buckets left. A bucket
-    whose best has no interval (one round) keeps its best."""
-    ties = [[r for r in rows if r is rows[0] or within_noise(r, rows[0])] for rows in ranked]
+    whose best has no interval (one round, no pooled ``noise``) keeps its best."""
+    ties = [[r for r in rows if r is rows[0] or within_noise(r, rows[0], noise)] for rows in ranked]
     chosen: list[dict[str, Any] | None] = [None] * len(ranked)
     left = set(range(len(ranked)))
     while left:
@@ -502,7 +511,8 @@ def pick_best(
 
     # Called different only when their intervals say so: within noise of its best, a bucket takes the
     # config that serves the most buckets (rows measured once: the point figure decides, as before).
-    unconstrained = consolidate([ranked for _, _, ranked, _ in found])
+    noise = pooled_noise(results)
+    unconstrained = consolidate([ranked for _, _, ranked, _ in found], noise)
     chosen = unconstrained
     notes: list[str] = []
     if budget is not None and not budget.fits(_engine(r) for r in {r["engine_key"]: r for r in chosen}.values()):
@@ -520,10 +530,14 @@ def pick_best(
                             f"budget of {budget.gpus}; this table's geometric-mean output throughput over the "
                             f"buckets is {ratio - 1:+.1%} against it")
     within = [f"{b.name}: {_describe(row)} serves it, within noise of {_describe(ranked[0])} "
-              f"({float(row['output_throughput']) / float(ranked[0]['output_throughput']) - 1:+.1%}; intervals over "
-              f"{len(repeat_throughputs(row))} rounds overlap)"
+              f"({float(row['output_throughput']) / float(ranked[0]['output_throughput']) - 1:+.1%}; "
+              + (f"the interval of their ratio holds 1 at the pooled noise)" if noise else
+                 f"intervals over {len(repeat_throughputs(row))} rounds overlap)")
               for (b, _, ranked, _), row in zip(found, chosen)
-              if row["engine_key"] != ranked[0]["engine_key"] and within_noise(row, ranked[0])]
+              if row["engine_key"] != ranked[0]["engine_key"] and within_noise(row, ranked[0], noise)]
+    if noise is not None:
+        within.insert(0, f"noise: {noise.describe()} over the sweep's measurements; two configs are called "
+                         "different where the 95 % interval of their throughput ratio excludes 1")
     placed = {r["engine_key"]: _engine(r) for r in chosen}
     routes = []
     for (b, baselines, _, at_bucket), row in zip(found, chosen):
@@ -532,7 +546,7 @@ def pick_best(
         variants = []
         cells: tuple[Cell, ...] = ()
         if len(b.temperatures) > 1:
-            cells, _within_noise = _cells(b, at_bucket, row["engine_key"], constraints, cell_min_gain)
+            cells, _within_noise = _cells(b, at_bucket, row["engine_key"], constraints, cell_min_gain, noise)
         for c in b.concurrency_levels[1:] if len(b.temperatures) == 1 else ():
             at_c = _at_temperature(at_bucket, b.primary_temperature)
             at_c = at_c[at_c["concurrency"] == c]
@@ -594,7 +608,7 @@ def cell_measurements(rows: pd.DataFrame, b: Bucket) -> list[Any]:
 
 
 def _cells(b: Bucket, at_bucket: pd.DataFrame, primary_key: str, constraints: Constraints,
-           min_gain: float) -> tuple[tuple[Cell, ...], list[str]]:
+           min_gain: float, noise: PooledNoise | None = None) -> tuple[tuple[Cell, ...], list[str]]:
     """The bucket's cells from its rows at every (temperature, concurrency), and why others were not."""
     from tuning.cells import choose_cells
 
@@ -603,7 +617,7 @@ def _cells(b: Bucket, at_bucket: pd.DataFrame, primary_key: str, constraints: Co
     primary_band = routing.band_of(b.primary_temperature)
     assert primary_band is not None
     choice = choose_cells(measured, primary_band=primary_band.name, primary_in_flight=b.primary_concurrency,
-                          min_gain=min_gain, primary_keys={b.name: primary_key})[b.name]
+                          min_gain=min_gain, primary_keys={b.name: primary_key}, noise=noise)[b.name]
     return choice.cells, [f"{b.name} {n}" for n in choice.notes]
 
 

@@ -1,5 +1,6 @@
-"""Statistics for comparing configs: Student-t quantiles, mean confidence intervals, and a two-sample
-test that two engines produce the same distribution of categorical outcomes.
+"""Statistics for comparing configs: Student-t quantiles, mean confidence intervals, the noise of one
+benchmark round pooled over a sweep (:class:`PooledNoise`), and a two-sample test that two engines
+produce the same distribution of categorical outcomes.
 
 Why here and hand-written: three functions do not justify scipy as a dependency. The quantile is exact
 for one and two degrees of freedom (closed forms) and within 1e-3 relative from three up (Abramowitz &
@@ -11,11 +12,13 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["categorical_homogeneity_test", "chi_square_statistic", "mean_confidence_interval", "t_quantile"]
+__all__ = ["PooledNoise", "categorical_homogeneity_test", "chi_square_statistic", "mean_confidence_interval",
+           "t_quantile"]
 
 
 def t_quantile(p: float, df: int) -> float:
@@ -50,6 +53,51 @@ def mean_confidence_interval(samples: Sequence[float], level: float = 0.95) -> t
         return mean, mean, mean
     half = t_quantile(0.5 + level / 2, len(samples) - 1) * statistics.stdev(samples) / math.sqrt(len(samples))
     return mean, mean - half, mean + half
+
+
+@dataclass(frozen=True)
+class PooledNoise:
+    """How much one round's throughput moves, pooled over every config x cell a sweep measured in rounds:
+    the standard deviation of log throughput about each measurement's own mean, with its degrees of
+    freedom (rounds minus one, summed).
+
+    Why pooled: two or three rounds per measurement leave each one's own spread nearly unknown (two
+    rounds give one degree of freedom, and a 95 % t-interval 12.7 standard errors wide), so comparing
+    per-measurement intervals calls almost nothing different. The wave-to-wave noise is a property of
+    the setup (engine, host, workload length), not of one cell: pooled over a sweep's measurements it is
+    known to within a few percent, and a ratio of two configs on one cell gets an interval of useful
+    width. Logs, because the noise is relative (a wave moves some percent, at any throughput)."""
+
+    sd: float
+    df: int
+
+    @classmethod
+    def of(cls, groups: Iterable[Sequence[float]]) -> PooledNoise | None:
+        """From each measurement's rounds (throughputs > 0); ``None`` when no measurement has two rounds."""
+        ss, df = 0.0, 0
+        for g in groups:
+            logs = [math.log(x) for x in g if x > 0]
+            if len(logs) > 1:
+                m = statistics.fmean(logs)
+                ss += sum((x - m) ** 2 for x in logs)
+                df += len(logs) - 1
+        return cls(sd=math.sqrt(ss / df), df=df) if df else None
+
+    def ratio_interval(self, a: Sequence[float], b: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+        """``(ratio, low, high)``: the geometric mean of ``a`` over that of ``b`` and its ``level`` interval."""
+        if not a or not b or min(*a, *b) <= 0:
+            raise ValueError("both samples need at least one throughput, all > 0")
+        d = statistics.fmean(math.log(x) for x in a) - statistics.fmean(math.log(x) for x in b)
+        half = t_quantile(0.5 + level / 2, self.df) * self.sd * math.sqrt(1 / len(a) + 1 / len(b))
+        return math.exp(d), math.exp(d - half), math.exp(d + half)
+
+    def different(self, a: Sequence[float], b: Sequence[float], level: float = 0.95) -> bool:
+        """Is one sample's throughput shown above the other's: does the ratio's interval exclude 1?"""
+        _, low, high = self.ratio_interval(a, b, level)
+        return low > 1.0 or high < 1.0
+
+    def describe(self) -> str:
+        return f"one round's throughput moves {math.expm1(self.sd):.1%} (log sd {self.sd:.3f}, {self.df} df, pooled)"
 
 
 def chi_square_statistic(a: Sequence[Hashable], b: Sequence[Hashable]) -> float:

@@ -158,3 +158,24 @@ def test_a_noise_floor_for_figures_measured_once_and_a_primary_chosen_by_the_cal
     assert forced["le1024"].primary_key == KEY[0] and forced["le1024"].cells == ()
     with pytest.raises(ValueError, match="not measured on the primary cell"):
         choose_cells(once, primary_band="greedy", primary_in_flight=64, primary_keys={"le1024": KEY[2]})
+
+
+def test_two_rounds_a_cell_get_their_cell_only_at_the_noise_pooled_over_the_sweep():
+    """The H200 payoff sweep's le1024 rounds (trained test checkpoint, two rounds per cell): MTP-4 over
+    MTP off 1.81x greedy and 0.69x sampled at 16 in flight. Each measurement's own two-round interval
+    overlaps the other's, so the sampled cell is never written; at the noise pooled over the sweep's
+    measurements (~14 % a round) the sampled ratio's interval lies below 1, so MTP off gets the cell (from
+    one request in flight: 16 is the lowest level measured), and it serves sampled requests at 64 too."""
+    from tuning.stats import PooledNoise
+
+    h200 = [_m(0, "greedy", 16, 3067.3, 2901.3), _m(4, "greedy", 16, 6202.8, 4682.9),
+            _m(0, "sampled", 16, 3737.0, 2996.4), _m(4, "sampled", 16, 2288.0, 2337.1),
+            _m(0, "greedy", 64, 9913.5, 10995.5), _m(4, "greedy", 64, 15812.7, 14158.8),
+            _m(0, "sampled", 64, 9833.1, 8838.0), _m(4, "sampled", 64, 8048.8, 8275.0)]
+    alone = choose_cells(h200, primary_band="greedy", primary_in_flight=16)["le1024"]
+    assert alone.primary_key == KEY[4] and alone.cells == ()
+    noise = PooledNoise.of(m.throughputs for m in h200)
+    pooled = choose_cells(h200, primary_band="greedy", primary_in_flight=16, noise=noise)["le1024"]
+    assert pooled.primary_key == KEY[4]
+    assert [(c.sampling, c.min_in_flight, c.engine_config().key()) for c in pooled.cells] == [("sampled", 1, KEY[0])]
+    assert pooled.key_for("sampled", 64) == KEY[0] and pooled.key_for("greedy", 64) == KEY[4]

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT / "benchmarks") not in sys.path:
     sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import mixed_payoff as payoff  # noqa: E402
+import mixed_payoff as payoff
 
 
 def _drive(app, rnd, classes, kept=True):
@@ -88,3 +88,26 @@ def test_the_cap_is_chosen_from_each_part_driven_alone_and_reported_beside_the_t
     md = payoff.render_markdown({"summary": {"stated": s}, "slo": {"ttft_s": 2.0, "tpot_s": 0.08}, "simulated": True,
                                  "cap": {**cap, "seconds": 30, "in_flight": 64}})
     assert "**ratio table / cap** (cap)" in md and "The cap:" in md and keys[0] in md
+
+
+def test_every_app_fits_one_gpu_at_a_lower_memory_fraction_and_the_reservation_is_counted():
+    from orchestrator import table as routing
+
+    cfg = {"backend": "pytorch", "model": "/m", "tp": 1, "memory_fraction": 0.8, "max_batch_size": 64}
+    mtp = {**cfg, "speculative_algorithm": "qwen3_5_mtp", "num_draft_tokens": 4}
+    data = {"schema_version": 2, "provenance": {"model": "/m", "gpu_type": "H200", "gpu_count": 1, "engine_versions": {},
+                                                 "sweep_id": "s", "created_at": "now", "simulated": False},
+            "buckets": [{"name": "le1024", "max_output_len": 1024, "config": mtp, "figures": {"output_throughput": 1.0},
+                         "cells": [{"sampling": "sampled", "min_in_flight": 1, "config": cfg,
+                                    "figures": {"output_throughput": 1.0}}]}]}
+    table = routing.parse(data)
+    apps = {"table": (data, {k: 1 for k in table.distinct_configs()})}
+    assert payoff.gpus_reserved(apps, share_gpu=True) == pytest.approx(1.8)  # two engines at 0.8 + 0.1: no room
+    low = payoff.with_memory_fraction(data, 0.02)
+    assert data["buckets"][0]["config"]["memory_fraction"] == 0.8  # the input is left as it was
+    moved = routing.parse(low).distinct_configs()
+    assert {c.memory_fraction for c in moved.values()} == {0.02} and len(moved) == 2
+    apps = {"table": (low, {k: 1 for k in moved}), **{f"single-{k}": (low, {k: 2}) for k in moved}}
+    assert payoff.gpus_reserved(apps, share_gpu=True, cap_engines=2) == pytest.approx(8 * 0.12)
+    with pytest.raises(SystemExit, match="between 0 and 1"):
+        payoff.with_memory_fraction(data, 1.5)
