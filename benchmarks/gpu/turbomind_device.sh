@@ -32,14 +32,18 @@
 #   then, until it says done:  OUT=$OUT bash benchmarks/gpu/turbomind_device.sh repro-collect
 # Does a table pay on the H200 (issue #18 item 6), after t1 (with training):
 #   carry [".stage/t2"]: bash .stage/t2/install_part.sh
-#   carry [".stage/r1"]: OUT=$OUT bash benchmarks/gpu/turbomind_device.sh payoff
-#       installs Ray and Optuna, waits for the trained weights, then in the background: a sweep of the PyTorch
-#       engine (MTP off / PAYOFF_DRAFTS draft tokens, buckets 256 and 1024, 16 and 64 in flight, T 0 and 0.8,
-#       the stated mix benchmarks/gpu/payoff_mix_test_ckpt.yaml, engines sharing the GPU), then
-#       benchmarks/mixed_payoff.py: its table against each of its configs alone on as many engines and
-#       against the cap (each part of the mix driven alone on each config, the best routing served as an
-#       app), PAYOFF_ROUNDS (4) interleaved rounds of a ramp and a burst (~1 min a drive, 4 apps: ~17 min;
-#       every drive is saved as it ends, so a lease that ends first keeps the rounds done)
+#   carry [".stage/r1"]: [PAYOFF_TABLE=path] OUT=$OUT bash benchmarks/gpu/turbomind_device.sh payoff
+#       installs Ray and Optuna, waits for the trained weights, then in the background: unless PAYOFF_TABLE
+#       names a committed table of an earlier lease's sweep, a sweep of the PyTorch engine (its two
+#       baselines, MTP off and MTP-4: the space holds no other config; buckets 256 and 1024, 16 and 64 in
+#       flight, T 0 and 0.8, PAYOFF_REPEATS (3) rounds, the stated mix benchmarks/gpu/payoff_mix_test_ckpt.yaml;
+#       ~15 min), then benchmarks/mixed_payoff.py: the table against each of its configs alone on as many
+#       engines and against the cap (each part of the mix driven alone on each config, the best routing
+#       served as an app), every engine at memory fraction PAYOFF_MEMORY (0.02) so all apps are resident on
+#       the GPU at once, PAYOFF_ROUNDS (3) interleaved rounds of a ramp and a burst (~1 min a drive, 4 apps;
+#       deploy and cap ~9 min, a round ~4 min; every drive is saved as it ends, so a lease that ends first
+#       keeps the rounds done). Results of 2026-12-02 (the sweep; the payoff did not deploy):
+#       benchmarks/results/gpu_payoff_h200_2026-12-02/
 #   then, until it says done:  OUT=$OUT bash benchmarks/gpu/turbomind_device.sh payoff-collect
 # Where a measurement's spread comes from (issue #22 item 2), without training:
 #   carry [".stage/t1"]: NO_TRAIN=1 OUT=$OUT bash benchmarks/gpu/turbomind_device.sh t1
@@ -171,15 +175,17 @@ case $STEP in
   payoff)
     P=/root/tm/payoff && ray_job_ready $P "ray.serve, ray.tune, optuna, lmdeploy, pandas, pyarrow"
     python3 benchmarks/gpu/measure_mtp.py --versions > $P/versions.json 2>&1
-    setsid nohup bash -c "source benchmarks/gpu/device_env.sh; source /root/tm/env.sh;
-      python3 -m tuning.sweep --model /root/ckpt --session-len 4096 --tp 1 --run-dir $P/sweep --sweep-id payoff-h200 \
-        --no-live --backends pytorch --speculative false,true --num-draft-tokens ${PAYOFF_DRAFTS:-4} \
-        --buckets 256,1024 --concurrency 16,64 --temperatures 0,0.8 --num-prompts 64 --repeats 2 \
+    TABLE=${PAYOFF_TABLE:-$P/sweep/routing_table.json}
+    SWEEP="python3 -m tuning.sweep --model /root/ckpt --session-len 4096 --tp 1 --run-dir $P/sweep --sweep-id payoff-h200 \
+        --no-live --backends pytorch --speculative false,true --num-draft-tokens ${PAYOFF_DRAFTS:-4} --num-trials 2 \
+        --buckets 256,1024 --concurrency 16,64 --temperatures 0,0.8 --num-prompts 64 --repeats ${PAYOFF_REPEATS:-3} \
         --memory-fraction 0.06 --max-batch-size 64 --share-gpu --traffic-mix benchmarks/gpu/payoff_mix_test_ckpt.yaml \
-        --time-budget-s 540 --seed 0 > $P/sweep.log 2>&1;
-      python3 benchmarks/mixed_payoff.py --table $P/sweep/routing_table.json --mix benchmarks/gpu/payoff_mix_test_ckpt.yaml \
-        --other-mixes '' --rounds ${PAYOFF_ROUNDS:-4} --retries 0 --levels 16,32,64 --profile-scale 0.2 --share-gpu \
-        --out-dir $P --name payoff_h200 --work-dir $P/work > $P/payoff.log 2>&1;
+        --seed 0 > $P/sweep.log 2>&1"
+    [ -n "${PAYOFF_TABLE:-}" ] && SWEEP="echo 'table: $PAYOFF_TABLE (no sweep)' > $P/sweep.log"
+    setsid nohup bash -c "source benchmarks/gpu/device_env.sh; source /root/tm/env.sh; $SWEEP;
+      python3 benchmarks/mixed_payoff.py --table $TABLE --mix benchmarks/gpu/payoff_mix_test_ckpt.yaml \
+        --other-mixes '' --rounds ${PAYOFF_ROUNDS:-3} --retries 0 --levels 16,32,64 --profile-scale 0.2 --share-gpu \
+        --memory-fraction ${PAYOFF_MEMORY:-0.02} --out-dir $P --name payoff_h200 --work-dir $P/work > $P/payoff.log 2>&1;
       touch $P/done" > /dev/null 2>&1 < /dev/null &
     sleep 5; echo "payoff job started"
     ;;

@@ -65,3 +65,24 @@ def test_the_prediction_covers_every_measured_load_level():
     expected = table_rate / max(singles)
     assert float(re.search(r"([0-9.]+)x \(the mix", line).group(1)) == pytest.approx(expected, abs=0.006), line
     assert expected > 1.1
+
+
+def test_a_table_no_better_than_one_config_on_the_users_mix_gives_way_to_it():
+    from tuning.sweep.choose import no_worse_than_one_config, predict_on_mix
+
+    df = _frame()
+    table = pick_best(df, BUCKETS, provenance=PROV)
+    assert len(table.distinct_configs()) > 1
+    both = TrafficMix.model_validate({"classes": [{"max_tokens": 1000, "temperature": 0.0, "share": 1},
+                                                  {"max_tokens": 1000, "temperature": 0.8, "share": 1}]})
+    assert no_worse_than_one_config(table, df, BUCKETS, both) == table  # it pays there (test above)
+    # All sampled: the cells send sampled requests to MTP off at 64 (1000) and at 256 (2000) — MTP off alone
+    # serves the mix as well with one engine, so it serves every bucket, with its own figures.
+    sampled = TrafficMix.model_validate({"classes": [{"max_tokens": 1000, "temperature": 0.8, "share": 1}]})
+    pred, _ = predict_on_mix(table, df, BUCKETS, sampled)
+    assert pred.ratio == pytest.approx(1.0)
+    one = no_worse_than_one_config(table, df, BUCKETS, sampled)
+    (b,) = one.buckets
+    assert b.engine_config().num_draft_tokens in (None, 0) and b.cells == () and b.figures.output_throughput == 1000
+    assert b.gains["mtp_off"] == pytest.approx(0.0) and one.provenance.notes[-1].startswith("one config everywhere")
+    assert no_worse_than_one_config(one, df, BUCKETS, sampled) == one  # already one config: unchanged

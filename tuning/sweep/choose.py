@@ -18,7 +18,8 @@ from tuning.buckets import Bucket
 from tuning.results import CELL_DROPPED, CELL_MIN_GAIN, gains_over, pick_best
 from tuning.sweep.spec import SweepSpec
 
-__all__ = ["choose_table", "commit_table", "plan_replicas", "table_targets"]
+__all__ = ["choose_table", "commit_table", "no_worse_than_one_config", "plan_replicas", "predict_on_mix",
+           "table_targets"]
 
 
 def choose_table(results: Any, spec: SweepSpec, provenance: Provenance, traffic: Any = None) -> RoutingTable:
@@ -30,6 +31,8 @@ def choose_table(results: Any, spec: SweepSpec, provenance: Provenance, traffic:
     table = pick_best(results, spec.buckets, spec.constraints, provenance=provenance, budget=spec.gpu_budget())
     if table.provenance.gpu_budget is not None:
         table = plan_replicas(table, results, spec.buckets, traffic)
+    elif traffic is not None:
+        table = no_worse_than_one_config(table, results, spec.buckets, traffic)
     if any(b.cells for b in table.buckets):
         # A request without temperature is sampled at the engines' default; the router needs its band.
         backend = next(iter(table.distinct_configs().values())).backend
@@ -97,6 +100,70 @@ def plan_replicas(table: RoutingTable, results: Any, buckets: Sequence[Bucket], 
                + ", ".join(f"{configs[k].label()} x{n}" for k, n in plan.replicas.items())
                + f"; predicted {plan.throughput:,.0f} tok/s{single} (from these figures, not measured)")
     return noted(summary, *plan.notes, replicas=dict(plan.replicas), buckets=tuple(buckets))
+
+
+def predict_on_mix(table: RoutingTable, results: Any, buckets: Sequence[Bucket],
+                   traffic: Any) -> tuple[Any, str]:
+    """``table`` and every single config measured on every part of ``traffic`` (a
+    :class:`tuning.traffic.TrafficMix`), predicted from ``results`` over every load level measured (in
+    equal token shares) or at the buckets' primary load (:func:`tuning.cells.predict_mix`). Returns
+    ``(prediction, where)``, or ``(None, why not)``."""
+    from tuning.cells import BucketChoice, predict_mix
+    from tuning.results import cell_measurements
+
+    measured = [m for b in buckets for m in cell_measurements(results, b)]
+    choices = {b.name: BucketChoice.of_route(b) for b in table.buckets}
+    primaries = {b.primary_concurrency for b in buckets}
+    levels = sorted({m.in_flight for m in measured})
+    shares = traffic.cell_shares(table, by="tokens")
+    missing = sorted({band for _, band in shares} - {m.band for m in measured})
+    if missing:
+        return None, f"the sweep measured no {', '.join(missing)} traffic (add --temperatures, e.g. 0,0.8)"
+    if len(levels) < 2 and len(primaries) != 1:
+        return None, "the buckets' primary loads differ"
+    if len(levels) > 1:
+        load: int | dict[int, float] = {level: 1.0 for level in levels}
+        where = f"over load levels {'/'.join(map(str, levels))} in equal token shares"
+    else:
+        load = primaries.pop()
+        where = f"at {load} in flight"
+    try:
+        return predict_mix(measured, choices, shares, in_flight=load), where
+    except ValueError as e:
+        return None, str(e)
+
+
+def no_worse_than_one_config(table: RoutingTable, results: Any, buckets: Sequence[Bucket], traffic: Any) -> RoutingTable:
+    """``table``, or, where it is predicted on ``traffic`` below the best single config (or, running several
+    configs, not more than :data:`~tuning.results.CELL_MIN_GAIN` above it), that config on every bucket
+    with its own figures and no cells, and a note saying why: a table that needs more engines must pay
+    for them on the user's mix, and it must never be worse than one config everywhere."""
+    from tuning.results import STATUS_OK, _at_temperature, _figures, config_of_row
+
+    pred, where = predict_on_mix(table, results, buckets, traffic)
+    if pred is None or pred.best_single is None:
+        return table
+    key, single = pred.best_single
+    several = len(table.distinct_configs()) > 1
+    if pred.per_bucket_throughput > single * (1 + (CELL_MIN_GAIN if several else 0.0)) or \
+            set(table.distinct_configs()) == {key}:
+        return table
+    ok = results[(results["status"] == STATUS_OK) & (results["engine_key"] == key)]
+    routes = []
+    for route, b in zip(table.buckets, buckets):
+        at = _at_temperature(ok[ok["bucket"] == b.name], b.primary_temperature)
+        at = at[at["concurrency"] == b.primary_concurrency]
+        if at.empty:
+            return table  # the single config lacks a bucket's primary cell: keep the table as chosen
+        row = at.to_dict("records")[0]
+        figures = _figures(row)
+        routes.append(route.model_copy(update={"config": config_of_row(row), "figures": figures, "cells": (),
+                                               "load_variants": (), "gains": gains_over(figures, route.baselines)}))
+    note = (f"one config everywhere: on the traffic mix ({where}) the table as chosen predicts "
+            f"{pred.per_bucket_throughput:,.0f} tok/s, {EngineConfig.from_dict(routes[0].config).label()} alone "
+            f"{single:,.0f} ({pred.ratio:.2f}x; predicted from these figures, not measured)")
+    prov = table.provenance.model_copy(update={"notes": (*table.provenance.notes, note)})
+    return table.model_copy(update={"buckets": tuple(routes), "provenance": prov})
 
 
 def table_targets(spec: SweepSpec, extra: Iterable[str | Path] = ()) -> list[Path]:

@@ -120,30 +120,12 @@ def mixed_line(table: RoutingTable, results: Any) -> str | None:
 def traffic_line(table: RoutingTable, results: Any, spec: SweepSpec, traffic: Any) -> str:
     """The table (its primaries and cells) against every single config on the user's traffic mix, over
     every load level the sweep measured (in equal shares of the tokens) or at the buckets' primary load,
-    predicted from this sweep's figures (:func:`tuning.cells.predict_mix`)."""
-    from tuning.cells import BucketChoice, predict_mix
-    from tuning.results import cell_measurements
+    predicted from this sweep's figures (:func:`tuning.sweep.choose.predict_on_mix`)."""
+    from tuning.sweep.choose import predict_on_mix
 
-    measured = [m for b in spec.buckets for m in cell_measurements(results, b)]
-    choices = {b.name: BucketChoice.of_route(b) for b in table.buckets}
-    primaries = {b.primary_concurrency for b in spec.buckets}
-    levels = sorted({m.in_flight for m in measured})
-    shares = traffic.cell_shares(table, by="tokens")
-    missing = sorted({band for _, band in shares} - {m.band for m in measured})
-    if missing or (len(levels) < 2 and len(primaries) != 1):
-        why = (f"the sweep measured no {', '.join(missing)} traffic (add --temperatures, e.g. 0,0.8)" if missing
-               else "the buckets' primary loads differ")
-        return f"traffic mix: not predicted: {why}"
-    if len(levels) > 1:
-        load: int | dict[int, float] = {level: 1.0 for level in levels}
-        where = f"over load levels {'/'.join(map(str, levels))} in equal token shares"
-    else:
-        load = primaries.pop()
-        where = f"at {load} in flight"
-    try:
-        pred = predict_mix(measured, choices, shares, in_flight=load)
-    except ValueError as e:
-        return f"traffic mix: not predicted: {e}"
+    pred, where = predict_on_mix(table, results, spec.buckets, traffic)
+    if pred is None:
+        return f"traffic mix: not predicted: {where}"
     if pred.best_single is None:
         return (f"traffic mix: {pred.per_bucket_throughput:,.0f} tok/s with this table; no single config was measured on "
                 "every cell of the mix")
