@@ -18,9 +18,8 @@ from typing import Any
 
 import pandas as pd
 
-from orchestrator.config import EngineConfig
 from orchestrator import table as routing
-from tuning.buckets import Bucket
+from orchestrator.config import EngineConfig
 from orchestrator.table import (
     BucketFigures,
     BucketRoute,
@@ -31,6 +30,7 @@ from orchestrator.table import (
     RoutingTable,
     RoutingTableError,
 )
+from tuning.buckets import Bucket
 from tuning.stats import PooledNoise, mean_confidence_interval
 from tuning.sweep.space import BASELINE_ROLES, ROLE_MTP_OFF, ROLE_STATIC
 

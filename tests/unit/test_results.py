@@ -4,21 +4,21 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from orchestrator.config import EngineConfig
 from orchestrator import table as routing
+from orchestrator.config import EngineConfig
+from orchestrator.table import Provenance
 from tuning.buckets import make_buckets
 from tuning.results import (
     STATUS_FAILED,
     STATUS_OK,
-    bench_status,
     Constraints,
     IncompleteResultsError,
+    bench_status,
     pick_best,
     results_frame,
     rows_for_trial,
     write_results,
 )
-from orchestrator.table import Provenance
 from tuning.sweep.space import ROLE_MTP_OFF, ROLE_SEARCH, ROLE_STATIC
 
 BUCKETS = make_buckets((1024, 16384), concurrency_levels=(64, 128), num_prompts=64)
@@ -189,7 +189,12 @@ def test_two_rounds_a_cell_are_told_apart_by_the_noise_pooled_over_the_sweep():
     """Two rounds per measurement: each one's own 95 % interval is 12.7 standard errors wide and they
     all overlap, but the rounds of all measurements together fix the noise, and a 20 % lead of rounds
     that move 2 % is real."""
-    from tuning.results import consolidate, pooled_noise, throughput_interval, within_noise
+    from tuning.results import (
+        consolidate,
+        pooled_noise,
+        throughput_interval,
+        within_noise,
+    )
 
     rows = [{"engine_key": k, "output_throughput": lo, "output_throughput_repeats": f"{lo};{hi}", "status": "ok"}
             for k, lo, hi in (("x", 118.0, 121.0), ("y", 98.0, 101.0))]
