@@ -465,8 +465,9 @@ def pick_best(
 
     Buckets measured at several temperatures get cells instead of load variants
     (:func:`tuning.cells.choose_cells`): every other (sampling band, concurrency) whose best config beats
-    the one it would otherwise get beyond both confidence intervals (over the repeats) and by more than
-    ``cell_min_gain``; cells that do not fit the budget are dropped, least gain first.
+    the one it would otherwise get beyond the noise and by more than ``cell_min_gain``; cells that do not
+    fit the budget are dropped, least gain first. The noise: one round's, pooled over every row measured
+    in rounds (:func:`pooled_noise`); two configs differ where the interval of their ratio excludes 1.
 
     With a ``budget`` the table must also be servable on ``budget.gpus`` GPUs (one replica of every
     engine it uses, sharing per ``budget.share_gpu``): the per-bucket best when that fits; else the
