@@ -281,7 +281,7 @@ def summarize(drives: list[dict[str, Any]], apps: list[str], cap_app: str | None
                 ratios, phase_ratios = paired(t, best)
                 entry[f"ratio {t} / best single"] = ci(ratios)
                 entry[f"phase ratios {t} / best single"] = {k: ci(v) for k, v in phase_ratios.items()}
-        if cap_app and cap_app in per_app:
+        if cap_app and cap_app in per_app and mix == "stated":  # the cap was chosen for the stated mix
             entry["cap"] = cap_app
             for t in tables:
                 ratios, phase_ratios = paired(t, cap_app)
@@ -584,8 +584,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"cap selection {part} {app}: goodput {good:,.0f} tok/s" + ("" if ok else " — FELL BEHIND: left out"))
                 return good if ok else None
 
-            cap = measure_cap(table_data, mixes["stated"], singles_keys, n, part_goodput,
-                              {k: c for k, c in singles.items()})
+            cap = measure_cap(table_data, mixes["stated"], singles_keys, n, part_goodput, singles)
             cap.update(seconds=seconds, in_flight=levels[1] * n)
             log(f"cap: {cap.get('note') or cap.get('error')}")
             result["cap"] = cap
@@ -623,8 +622,9 @@ def main(argv: list[str] | None = None) -> int:
     for mix_name, entry in result["summary"].items():
         for k, v in entry.items():
             if k.startswith("ratio") and v:
+                ref = entry["cap"] if k.endswith("/ cap") else entry["best_single"]
                 log(f"{mix_name}: {k} = {v['mean']:.3f} (95 % CI {v['ci95'][0]:.3f}-{v['ci95'][1]:.3f}, n={v['n']}); "
-                    f"best single {entry['best_single']}")
+                    f"against {ref}")
     log(f"wrote {out_json}")
     return 0
 

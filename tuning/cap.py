@@ -106,9 +106,8 @@ def cap_table(table_data: Mapping[str, Any], plan: CapPlan, configs: Mapping[str
                  "figures": figures(primary, b["name"], home) if home else {"output_throughput": 0.0}}
         buckets.append({**route, **({"cells": cells} if cells else {})})
     prov = {k: v for k, v in table_data["provenance"].items() if k != "gpu_budget"}
-    out = {"schema_version": 2, "provenance": prov, "buckets": buckets,
-           "default_max_tokens": table_data.get("default_max_tokens", 1024)}
-    for k in ("sampling_bands", "default_temperature"):
+    out = {"schema_version": 2, "provenance": prov, "buckets": buckets}
+    for k in ("default_max_tokens", "sampling_bands", "default_temperature"):
         if k in table_data:
             out[k] = table_data[k]
     return out

@@ -511,7 +511,7 @@ def pick_best(
         )
 
     # Called different only when their intervals say so: within noise of its best, a bucket takes the
-    # config that serves the most buckets (rows measured once: the point figure decides, as before).
+    # config that serves the most buckets (when no row of the sweep has rounds: the point figure decides).
     noise = pooled_noise(results)
     unconstrained = consolidate([ranked for _, _, ranked, _ in found], noise)
     chosen = unconstrained

@@ -66,7 +66,13 @@ class PooledNoise:
     per-measurement intervals calls almost nothing different. The wave-to-wave noise is a property of
     the setup (engine, host, workload length), not of one cell: pooled over a sweep's measurements it is
     known to within a few percent, and a ratio of two configs on one cell gets an interval of useful
-    width. Logs, because the noise is relative (a wave moves some percent, at any throughput)."""
+    width. Logs, because the noise is relative (a wave moves some percent, at any throughput).
+
+    What it assumes: one spread for every cell (short outputs and one-wave cells move more than long
+    ones, so pooling understates their noise and overstates the others'), and rounds that sample all the
+    variation between two configs. The rounds of one measurement come from one engine start, so the
+    variation between engine starts is not in them: a difference this calls real can still be one
+    start's luck; interleaved rounds over several starts are the stronger evidence."""
 
     sd: float
     df: int

@@ -35,7 +35,8 @@
 #   carry [".stage/r1"]: [PAYOFF_TABLE=path] OUT=$OUT bash benchmarks/gpu/turbomind_device.sh payoff
 #       installs Ray and Optuna, waits for the trained weights, then in the background: unless PAYOFF_TABLE
 #       names a committed table of an earlier lease's sweep, a sweep of the PyTorch engine (its two
-#       baselines, MTP off and MTP-4: the space holds no other config; buckets 256 and 1024, 16 and 64 in
+#       baselines only, MTP off and MTP-4 at fraction 0.8, each alone on the GPU; the searched space holds the
+#       same two configs at 0.06 and is not reached with --num-trials 2; buckets 256 and 1024, 16 and 64 in
 #       flight, T 0 and 0.8, PAYOFF_REPEATS (3) rounds, the stated mix benchmarks/gpu/payoff_mix_test_ckpt.yaml;
 #       ~15 min), then benchmarks/mixed_payoff.py: the table against each of its configs alone on as many
 #       engines and against the cap (each part of the mix driven alone on each config, the best routing

@@ -4,6 +4,7 @@ what to change, and no results file is written."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,8 @@ def test_apps_that_cannot_all_be_resident_are_refused_before_any_engine_starts(t
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "mixed_payoff.py"), "--table", str(path),
                           "--share-gpu", "--memory-fraction", "0.02", "--other-mixes", "", "--num-cpus", "1",
                           "--out-dir", str(tmp_path / "out"), "--work-dir", str(tmp_path / "work"), "--name", "refused"],
-                         capture_output=True, text=True, timeout=240, cwd=ROOT, check=False)
+                         capture_output=True, text=True, timeout=240, cwd=ROOT, check=False,
+                         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})  # no GPU, also on a GPU host
     assert out.returncode != 0
     assert "the apps reserve 0.36 GPU(s) at once (2 apps and up to 1 cap engines), the cluster has 0" in out.stderr
     assert "--memory-fraction" in out.stderr and not (tmp_path / "out" / "refused.json").exists()

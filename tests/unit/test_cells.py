@@ -164,7 +164,7 @@ def test_two_rounds_a_cell_get_their_cell_only_at_the_noise_pooled_over_the_swee
     """The H200 payoff sweep's le1024 rounds (trained test checkpoint, two rounds per cell): MTP-4 over
     MTP off 1.81x greedy and 0.69x sampled at 16 in flight. Each measurement's own two-round interval
     overlaps the other's, so the sampled cell is never written; at the noise pooled over the sweep's
-    measurements (~14 % a round) the sampled ratio's interval lies below 1, so MTP off gets the cell (from
+    measurements (~11 % a round, 8 df) the sampled ratio's interval lies below 1, so MTP off gets the cell (from
     one request in flight: 16 is the lowest level measured), and it serves sampled requests at 64 too."""
     from tuning.stats import PooledNoise
 

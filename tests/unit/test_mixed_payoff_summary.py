@@ -111,3 +111,11 @@ def test_every_app_fits_one_gpu_at_a_lower_memory_fraction_and_the_reservation_i
     assert payoff.gpus_reserved(apps, share_gpu=True, cap_engines=2) == pytest.approx(8 * 0.12)
     with pytest.raises(SystemExit, match="between 0 and 1"):
         payoff.with_memory_fraction(data, 1.5)
+    # a planned table's replicas follow its configs to their new engine keys
+    keys = {c.num_draft_tokens or 0: k for k, c in table.distinct_configs().items()}
+    planned = json.loads(json.dumps(data))
+    planned["provenance"]["gpu_budget"] = {"gpus": 1, "share_gpu": True, "replicas": {keys[4]: 2, keys[0]: 1}}
+    moved_plan = routing.parse(payoff.with_memory_fraction(planned, 0.02))
+    new_keys = {c.num_draft_tokens or 0: k for k, c in moved_plan.distinct_configs().items()}
+    assert moved_plan.provenance.gpu_budget.replicas == {new_keys[4]: 2, new_keys[0]: 1}
+    assert set(new_keys.values()).isdisjoint(keys.values())

@@ -32,7 +32,7 @@ def choose_table(results: Any, spec: SweepSpec, provenance: Provenance, traffic:
     if table.provenance.gpu_budget is not None:
         table = plan_replicas(table, results, spec.buckets, traffic)
     elif traffic is not None:
-        table = no_worse_than_one_config(table, results, spec.buckets, traffic)
+        table = no_worse_than_one_config(table, results, spec.buckets, traffic, spec.constraints)
     if any(b.cells for b in table.buckets):
         # A request without temperature is sampled at the engines' default; the router needs its band.
         backend = next(iter(table.distinct_configs().values())).backend
@@ -102,15 +102,18 @@ def plan_replicas(table: RoutingTable, results: Any, buckets: Sequence[Bucket], 
     return noted(summary, *plan.notes, replicas=dict(plan.replicas), buckets=tuple(buckets))
 
 
-def predict_on_mix(table: RoutingTable, results: Any, buckets: Sequence[Bucket],
-                   traffic: Any) -> tuple[Any, str]:
+def predict_on_mix(table: RoutingTable, results: Any, buckets: Sequence[Bucket], traffic: Any,
+                   constraints: Any = None) -> tuple[Any, str]:
     """``table`` and every single config measured on every part of ``traffic`` (a
-    :class:`tuning.traffic.TrafficMix`), predicted from ``results`` over every load level measured (in
-    equal token shares) or at the buckets' primary load (:func:`tuning.cells.predict_mix`). Returns
+    :class:`tuning.traffic.TrafficMix`) within ``constraints`` (a :class:`tuning.results.Constraints`),
+    predicted from ``results`` over every load level measured (in equal token shares) or at the buckets'
+    primary load (:func:`tuning.cells.predict_mix`; a bucket's load variants are not modelled). Returns
     ``(prediction, where)``, or ``(None, why not)``."""
     from tuning.cells import BucketChoice, predict_mix
     from tuning.results import cell_measurements
 
+    if constraints is not None and not results.empty:
+        results = results[constraints.mask(results)]
     measured = [m for b in buckets for m in cell_measurements(results, b)]
     choices = {b.name: BucketChoice.of_route(b) for b in table.buckets}
     primaries = {b.primary_concurrency for b in buckets}
@@ -133,14 +136,19 @@ def predict_on_mix(table: RoutingTable, results: Any, buckets: Sequence[Bucket],
         return None, str(e)
 
 
-def no_worse_than_one_config(table: RoutingTable, results: Any, buckets: Sequence[Bucket], traffic: Any) -> RoutingTable:
-    """``table``, or, where it is predicted on ``traffic`` below the best single config (or, running several
-    configs, not more than :data:`~tuning.results.CELL_MIN_GAIN` above it), that config on every bucket
-    with its own figures and no cells, and a note saying why: a table that needs more engines must pay
-    for them on the user's mix, and it must never be worse than one config everywhere."""
-    from tuning.results import STATUS_OK, _at_temperature, _figures, config_of_row
+def no_worse_than_one_config(table: RoutingTable, results: Any, buckets: Sequence[Bucket], traffic: Any,
+                             constraints: Any = None) -> RoutingTable:
+    """``table``, or, where it is predicted on ``traffic`` below the best single config within
+    ``constraints`` (or, running several configs, not more than :data:`~tuning.results.CELL_MIN_GAIN`
+    above it), that config on every bucket with its own figures and no cells, and a note saying why: a
+    table that needs more engines must pay for them on the user's mix, and it must never be worse than
+    one config everywhere. A table with load variants is returned as it is (the prediction does not
+    model them)."""
+    from tuning.results import STATUS_OK, _at_temperature, _best_row, _figures, config_of_row
 
-    pred, where = predict_on_mix(table, results, buckets, traffic)
+    if any(b.load_variants for b in table.buckets):
+        return table
+    pred, where = predict_on_mix(table, results, buckets, traffic, constraints)
     if pred is None or pred.best_single is None:
         return table
     key, single = pred.best_single
@@ -149,20 +157,24 @@ def no_worse_than_one_config(table: RoutingTable, results: Any, buckets: Sequenc
             set(table.distinct_configs()) == {key}:
         return table
     ok = results[(results["status"] == STATUS_OK) & (results["engine_key"] == key)]
+    if constraints is not None and not ok.empty:
+        ok = ok[constraints.mask(ok)]
+    by_name = {b.name: b for b in buckets}
     routes = []
-    for route, b in zip(table.buckets, buckets):
+    for route in table.buckets:
+        b = by_name[route.name]
         at = _at_temperature(ok[ok["bucket"] == b.name], b.primary_temperature)
-        at = at[at["concurrency"] == b.primary_concurrency]
-        if at.empty:
+        row = _best_row(at[at["concurrency"] == b.primary_concurrency])
+        if row is None:
             return table  # the single config lacks a bucket's primary cell: keep the table as chosen
-        row = at.to_dict("records")[0]
         figures = _figures(row)
         routes.append(route.model_copy(update={"config": config_of_row(row), "figures": figures, "cells": (),
-                                               "load_variants": (), "gains": gains_over(figures, route.baselines)}))
+                                               "gains": gains_over(figures, route.baselines)}))
     note = (f"one config everywhere: on the traffic mix ({where}) the table as chosen predicts "
             f"{pred.per_bucket_throughput:,.0f} tok/s, {EngineConfig.from_dict(routes[0].config).label()} alone "
             f"{single:,.0f} ({pred.ratio:.2f}x; predicted from these figures, not measured)")
-    prov = table.provenance.model_copy(update={"notes": (*table.provenance.notes, note)})
+    kept = tuple(n for n in table.provenance.notes if n.startswith("noise:"))  # the others name replaced choices
+    prov = table.provenance.model_copy(update={"notes": (*kept, note)})
     return table.model_copy(update={"buckets": tuple(routes), "provenance": prov})
 
 
