@@ -327,7 +327,8 @@ def measure_cap(table_data: dict[str, Any], mix: Any, singles: dict[str, str], r
     record.update(replicas=dict(plan.replicas), predicted_rate=round(plan.rate, 3))
     if plan.single:
         return {**record, "app": f"single-{plan.single}",
-                "note": f"every part is served best by {plan.single}: the cap is that single config's app"}
+                "note": f"on {replicas} replica(s) the best routing sends every part to {plan.single} (a split "
+                        f"leaves some config too few replicas): the cap is that single config's app"}
     routed = cap_table(table_data, plan, configs, rates, primary_band=table.sampling_bands[0].name)
     return {**record, "app": "cap", "table": routed,
             "note": f"{len(plan.replicas)} configs, the parts routed to their fastest on whole replicas"}
