@@ -300,7 +300,7 @@ def measure_cap(table_data: dict[str, Any], mix: Any, singles: dict[str, str], r
     replica and the route; the routing's replicas and predicted rate; and ``app``: ``"cap"`` (with
     ``table``, to deploy) or the single app that is the cap, or ``error`` when a part has no rate."""
     from orchestrator import table as routing
-    from tuning.cap import best_routing, cap_table
+    from tuning.cap import best_routing, cap_table, pooled_rate
     from tuning.traffic import TrafficMix
 
     table = routing.parse(table_data)
@@ -324,7 +324,8 @@ def measure_cap(table_data: dict[str, Any], mix: Any, singles: dict[str, str], r
         return {**record, "error": str(e)}
     for part in record["parts"]:
         part["route"] = plan.routes[(part["bucket"], part["band"])]
-    record.update(replicas=dict(plan.replicas), predicted_rate=round(plan.rate, 3))
+    record.update(replicas=dict(plan.replicas), predicted_rate=round(plan.rate, 3),
+                  predicted_pooled_rate=round(pooled_rate(rates, shares, replicas), 3))
     if plan.single:
         return {**record, "app": f"single-{plan.single}",
                 "note": f"on {replicas} replica(s) the best routing sends every part to {plan.single} (a split "
@@ -383,6 +384,9 @@ def render_markdown(result: dict[str, Any]) -> str:
         lines += ["", (f"- cap: {cap.get('note', '')}; replicas {cap['replicas']}, predicted {cap['predicted_rate']:,.0f} "
                        f"tok/s of goodput on the mix; served by app `{cap['app']}`") if cap.get("app") else
                   f"- cap not served: {cap.get('error')}"]
+        if cap.get("predicted_pooled_rate"):
+            lines.append(f"- every part on its fastest config with the engines' time split at will (a bound also for a "
+                         f"router that spills; predicted from these rates, not served): {cap['predicted_pooled_rate']:,.0f} tok/s")
     return "\n".join(lines)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from tuning.replicas import mix_rate, size_replicas, work_per_config
 
-__all__ = ["MAX_ROUTINGS", "CapPlan", "best_routing", "cap_table"]
+__all__ = ["MAX_ROUTINGS", "CapPlan", "best_routing", "cap_table", "pooled_rate"]
 
 Part = tuple[str, str]
 """(bucket name, sampling band name)."""
@@ -80,6 +80,25 @@ def best_routing(rates: Mapping[tuple[str, str, str], float], shares: Mapping[Pa
     if best is None:
         raise ValueError(f"no routing fits {replicas} replica(s)")
     return best
+
+
+def pooled_rate(rates: Mapping[tuple[str, str, str], float], shares: Mapping[Part, float], replicas: int) -> float:
+    """The mix's rate if every part ran on its fastest config and the replicas' time could be split at will
+    (``replicas`` / sum of share / fastest rate). No routing on whole replicas exceeds it; a router that
+    moves requests between engines at run time (spilling at the batch limit) can come closer to it than any
+    static routing, so it bounds such a table where :func:`best_routing` does not. Parts without a rate
+    raise ``ValueError``."""
+    total = 0.0
+    for (bucket, band), share in shares.items():
+        if share <= 0:
+            continue
+        best = max((r for (_, b, bd), r in rates.items() if (b, bd) == (bucket, band) and r > 0), default=None)
+        if best is None:
+            raise ValueError(f"no config has a rate on part {bucket}/{band}")
+        total += share / best
+    if total <= 0:
+        raise ValueError("the mix has no output tokens")
+    return replicas / total
 
 
 def cap_table(table_data: Mapping[str, Any], plan: CapPlan, configs: Mapping[str, Mapping[str, Any]],

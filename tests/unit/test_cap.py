@@ -6,7 +6,7 @@ import pytest
 
 from orchestrator import table as routing
 from orchestrator.config import EngineConfig
-from tuning.cap import CapPlan, best_routing, cap_table
+from tuning.cap import CapPlan, best_routing, cap_table, pooled_rate
 
 
 def _cfg(drafts: int) -> dict:
@@ -75,3 +75,12 @@ def test_the_cap_table_routes_every_part_as_the_plan_does():
         cell = b.cell_for(band, 1)
         assert (cell.engine_config() if cell else b.engine_config()).key() == key
     assert table.bucket(SHORT).cells[0].figures.output_throughput == 100.0  # the rate it was chosen from
+
+
+def test_the_pooled_rate_bounds_every_routing_and_needs_every_part():
+    # every part on its fastest (150 greedy, 100 sampled), four replicas' time split at will
+    assert pooled_rate(RATES, HALVES, 4) == pytest.approx(4 / (0.5 / 150 + 0.5 / 100))  # 480 tok/s
+    for n in (1, 2, 4, 7):
+        assert best_routing(RATES, HALVES, n).rate <= pooled_rate(RATES, HALVES, n) * (1 + 1e-9)
+    with pytest.raises(ValueError, match="le1024/sampled"):
+        pooled_rate({k: v for k, v in RATES.items() if k[1:] != (LONG, "sampled")}, HALVES, 2)
