@@ -260,35 +260,33 @@ def summarize(drives: list[dict[str, Any]], apps: list[str], cap_app: str | None
         singles = {a: v for a, v in per_app.items() if a.startswith("single-")}
         entry: dict[str, Any] = {"apps": per_app, "drives": len(ds), "faithful_drives": len(good),
                                  "unfaithful": [f"{d['app']} round {d['round']}" for d in ds if not d["kept_schedule"]]}
-        def paired(t: str, ref: str, ds: list[dict[str, Any]] = ds) -> tuple[list[float], dict[str, list[float]]]:
-            ratios: list[float] = []
-            phase_ratios: dict[str, list[float]] = {}
-            for rnd in sorted({d["round"] for d in ds}):
-                here = {d["app"]: d for d in ds if d["round"] == rnd}
-                if t not in here or ref not in here or not (here[t]["kept_schedule"] and here[ref]["kept_schedule"]):
-                    continue  # a pair with an unfaithful drive ranks nothing
-                ratios.append(here[t]["overall"]["goodput"] / max(here[ref]["overall"]["goodput"], 1e-9))
-                for i, p in enumerate(here[t]["phases"]):
-                    phase_ratios.setdefault(p["label"], []).append(
-                        p["goodput"] / max(here[ref]["phases"][i]["goodput"], 1e-9))
-            return ratios, phase_ratios
-
-        tables = [a for a in per_app if a.startswith("table")]
+        references: dict[str, str] = {}  # what the tables are held against: name in the report -> app
         if singles:
-            best = max(singles, key=lambda a: singles[a]["goodput"]["mean"])
-            entry["best_single"] = best
-            for t in tables:
-                ratios, phase_ratios = paired(t, best)
-                entry[f"ratio {t} / best single"] = ci(ratios)
-                entry[f"phase ratios {t} / best single"] = {k: ci(v) for k, v in phase_ratios.items()}
+            entry["best_single"] = references["best single"] = max(singles, key=lambda a: singles[a]["goodput"]["mean"])
         if cap_app and cap_app in per_app and mix == "stated":  # the cap was chosen for the stated mix
-            entry["cap"] = cap_app
-            for t in tables:
-                ratios, phase_ratios = paired(t, cap_app)
-                entry[f"ratio {t} / cap"] = ci(ratios)
-                entry[f"phase ratios {t} / cap"] = {k: ci(v) for k, v in phase_ratios.items()}
+            entry["cap"] = references["cap"] = cap_app
+        for name, ref in references.items():
+            for t in (a for a in per_app if a.startswith("table")):
+                ratios, phase_ratios = _paired_ratios(ds, t, ref)
+                entry[f"ratio {t} / {name}"] = ci(ratios)
+                entry[f"phase ratios {t} / {name}"] = {k: ci(v) for k, v in phase_ratios.items()}
         out[mix] = entry
     return out
+
+
+def _paired_ratios(drives: list[dict[str, Any]], app: str, ref: str) -> tuple[list[float], dict[str, list[float]]]:
+    """``app``'s goodput over ``ref``'s, overall and per phase, in every round where both drives kept their
+    schedule (a pair with an unfaithful drive ranks nothing)."""
+    ratios: list[float] = []
+    phase_ratios: dict[str, list[float]] = {}
+    for rnd in sorted({d["round"] for d in drives}):
+        here = {d["app"]: d for d in drives if d["round"] == rnd}
+        if app not in here or ref not in here or not (here[app]["kept_schedule"] and here[ref]["kept_schedule"]):
+            continue
+        ratios.append(here[app]["overall"]["goodput"] / max(here[ref]["overall"]["goodput"], 1e-9))
+        for i, p in enumerate(here[app]["phases"]):
+            phase_ratios.setdefault(p["label"], []).append(p["goodput"] / max(here[ref]["phases"][i]["goodput"], 1e-9))
+    return ratios, phase_ratios
 
 
 def measure_cap(table_data: dict[str, Any], mix: Any, singles: dict[str, str], replicas: int,

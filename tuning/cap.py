@@ -12,6 +12,7 @@ load cells pay can come out above it.
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import product
@@ -110,9 +111,7 @@ def cap_table(table_data: Mapping[str, Any], plan: CapPlan, configs: Mapping[str
     def figures(key: str, bucket: str, band: str) -> dict[str, Any]:
         return {"output_throughput": round(rates[(key, bucket, band)], 3)}
 
-    counts: dict[str, int] = {}
-    for key in plan.routes.values():
-        counts[key] = counts.get(key, 0) + 1
+    counts = Counter(plan.routes.values())
     fallback = max(sorted(counts), key=lambda k: counts[k])
     buckets = []
     for b in table_data["buckets"]:

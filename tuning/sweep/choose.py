@@ -144,11 +144,19 @@ def no_worse_than_one_config(table: RoutingTable, results: Any, buckets: Sequenc
     table that needs more engines must pay for them on the user's mix, and it must never be worse than
     one config everywhere. A table with load variants is returned as it is (the prediction does not
     model them)."""
-    from tuning.results import STATUS_OK, _at_temperature, _best_row, _figures, config_of_row
+    from tuning.results import (
+        STATUS_OK,
+        _at_temperature,
+        _best_row,
+        _figures,
+        config_of_row,
+    )
 
     if any(b.load_variants for b in table.buckets):
         return table
-    pred, where = predict_on_mix(table, results, buckets, traffic, constraints)
+    if constraints is not None and not results.empty:
+        results = results[constraints.mask(results)]
+    pred, where = predict_on_mix(table, results, buckets, traffic)
     if pred is None or pred.best_single is None:
         return table
     key, single = pred.best_single
@@ -157,8 +165,6 @@ def no_worse_than_one_config(table: RoutingTable, results: Any, buckets: Sequenc
             set(table.distinct_configs()) == {key}:
         return table
     ok = results[(results["status"] == STATUS_OK) & (results["engine_key"] == key)]
-    if constraints is not None and not ok.empty:
-        ok = ok[constraints.mask(ok)]
     by_name = {b.name: b for b in buckets}
     routes = []
     for route in table.buckets:
