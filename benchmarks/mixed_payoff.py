@@ -20,6 +20,12 @@ load; :func:`tuning.cap.best_routing` routes the parts on the table's number of 
 rates, and that routing is deployed as ``cap`` (or, when it is one config everywhere, that single's app
 stands for it) and driven in every round beside the table: the ratio table / cap with its interval.
 
+Real engines are warmed up before anything is measured (``--warm-up``, on by default for them): every
+app, and the cap when it is deployed, serves one unmeasured drive of the stated mix at the burst's load.
+A fresh PyTorch engine's first full-length requests run slow, and its first sampled requests with MTP on
+stall for seconds while the sampling kernels compile; without the warm-up the app driven first on fresh
+engines (the cap's selection, the table's first round) pays for it and the comparison ranks start-up.
+
 Apps (one Ray, one Serve; all deployed before the first drive, each at its own route prefix):
 
 - ``table``: the routing table as the sweep committed it, on the replicas it planned for its GPU budget
@@ -369,6 +375,12 @@ def render_markdown(result: dict[str, Any]) -> str:
         lines.append("")
     lines.append(f"Good request: completed, TTFT <= {slo['ttft_s']:g} s and TPOT <= {slo['tpot_s'] * 1000:g} ms"
                  + (" (simulated time)." if result.get("simulated", True) else "."))
+    if not result.get("simulated", True):
+        warm = result.get("warm_up")
+        lines += ["", ("Warm-up, before anything was measured (one unmeasured drive of the stated mix per app): "
+                       + ", ".join(f"{w['app']} {w['goodput']:,.0f} tok/s" for w in warm)) if warm else
+                  ("No warm-up: each app's first drive (the cap's selection for the singles, round 0 for the table) "
+                   "ran on fresh engines.")]
     cap = result.get("cap")
     if cap:
         lines += ["", (f"### The cap: each part of the stated mix alone on each single app ({cap['seconds']:g}-s steady "
@@ -420,6 +432,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="real engines: serve every config (table, singles, cap) at this --cache-max-entry-count, "
                         "so that all apps fit the GPUs at once (a small checkpoint's throughput does not depend "
                         "on it while its KV cache holds the batch; the results name the configs as served)")
+    p.add_argument("--warm-up", action=argparse.BooleanOptionalAction, default=None,
+                   help="before the cap's selection and the rounds, drive every app once with the stated mix at the "
+                        "burst's load, unmeasured (default: on for real engines, off for simulated ones, which "
+                        "have no first-run effect)")
     p.add_argument("--fixed-cells", action=argparse.BooleanOptionalAction, default=False,
                    help="also serve the table with its cells holding at any load (see above)")
     p.add_argument("--renice", action=argparse.BooleanOptionalAction, default=True,
@@ -571,11 +587,27 @@ def main(argv: list[str] | None = None) -> int:
                     + ("again" if attempt < a.retries else "recorded, left out of the figures"))
             return res, lateness, False
 
+        warm_up = (not simulated) if a.warm_up is None else a.warm_up
+        warm_profile = LoadProfile(phases=[LoadPhase(seconds=profile.phases[0].seconds, concurrency=levels[2] * n,
+                                                     name="warm-up")])
+
+        def warm(app: str) -> None:
+            """One unmeasured drive of ``app`` (see the module's docstring); its figures are kept apart."""
+            res, _, _ = drive_app(app, mixes["stated"], warm_profile, a.seed + max(a.rounds, a.other_rounds), "warm-up")
+            overall = overall_figures(res.records, warm_profile, slo)
+            result["warm_up"].append({"app": app, "goodput": overall.goodput, "throughput": overall.throughput,
+                                      "requests": len(res.records), "failed": overall.failed})
+            log(f"warm-up {app}: {len(res.records)} requests, goodput {overall.goodput:,.0f} tok/s (not measured)")
+
         for name, (data, replicas) in apps.items():
             deploy_app(name, data, replicas)
         result["deployed_s"] = round(time.monotonic() - t0, 1)
         if a.renice:
             log(f"reniced {renice_descendants(0)} of this run's processes (Ray workers, engines) to 0")
+        result["warm_up"] = []
+        if warm_up:
+            for name in apps:
+                warm(name)
         if a.cap:
             seconds = a.cap_seconds or profile.phases[0].seconds
             singles_keys = {app: app.removeprefix("single-") for app in apps if app.startswith("single-")}
@@ -597,6 +629,8 @@ def main(argv: list[str] | None = None) -> int:
                 result["apps"]["cap"] = sorted(cap["replicas"])
                 if a.renice:
                     renice_descendants(0)
+                if warm_up:
+                    warm("cap")
             save()
         names = list(apps)
         plan = [(m, r) for m in mixes for r in range(a.rounds if m == "stated" else a.other_rounds)]

@@ -41,10 +41,11 @@
 #       ~15 min), then benchmarks/mixed_payoff.py: the table against each of its configs alone on as many
 #       engines and against the cap (each part of the mix driven alone on each config, the best routing
 #       served as an app), every engine at memory fraction PAYOFF_MEMORY (0.02) so all apps are resident on
-#       the GPU at once, PAYOFF_ROUNDS (3) interleaved rounds of a ramp and a burst (~1 min a drive, 4 apps;
-#       deploy and cap ~9 min, a round ~4 min; every drive is saved as it ends, so a lease that ends first
-#       keeps the rounds done). Results of 2026-12-02 (the sweep; the payoff did not deploy):
-#       benchmarks/results/gpu_payoff_h200_2026-12-02/
+#       the GPU at once, every app warmed up by one unmeasured drive, PAYOFF_ROUNDS (3) interleaved rounds of
+#       a ramp and a burst (3 apps: deploy ~5.5 min, warm-up ~1 min, cap selection ~2 min, a round ~2.5 min;
+#       every drive is saved as it ends, so a lease that ends first keeps the rounds done). Results of
+#       2026-12-02: benchmarks/results/gpu_payoff_h200_2026-12-02/ (the sweep; the payoff did not deploy) and
+#       benchmarks/results/gpu_payoff_h200_2026-12-02_served/ (the re-decided table served, no warm-up yet)
 #   then, until it says done:  OUT=$OUT bash benchmarks/gpu/turbomind_device.sh payoff-collect
 # Where a measurement's spread comes from (issue #22 item 2), without training:
 #   carry [".stage/t1"]: NO_TRAIN=1 OUT=$OUT bash benchmarks/gpu/turbomind_device.sh t1
