@@ -13,7 +13,8 @@ import subprocess
 from collections.abc import Iterable
 from importlib import metadata
 
-__all__ = ["cpu_model", "cpus_available", "detect_gpus", "measured_on", "package_version", "package_versions"]
+__all__ = ["busy_share", "cpu_model", "cpu_times", "cpus_available", "detect_gpus", "measured_on", "package_version",
+           "package_versions"]
 
 
 def package_version(name: str) -> str | None:
@@ -44,6 +45,30 @@ def cpus_available() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
         return os.cpu_count() or 1
+
+
+def cpu_times() -> tuple[int, int] | None:
+    """``(busy, total)`` clock ticks of all the host's CPUs since boot (``/proc/stat``), or ``None`` where
+    they cannot be read (not Linux). Idle and I/O wait are not busy; guest time is inside user time."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if len(fields) < 5 or fields[0] != "cpu":
+        return None
+    ticks = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+
+def busy_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of the host's CPU time that was busy between two :func:`cpu_times` snapshots (0-1), or
+    ``None`` without both or when no time passed. A small model's engine is launch-bound, so a figure
+    taken while other work keeps every CPU busy is slower than the same engine's on a quiet host: the
+    share is recorded beside each figure so that such a figure can be told apart."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return round(min(1.0, max(0.0, (after[0] - before[0]) / (after[1] - before[1]))), 4)
 
 
 def detect_gpus() -> tuple[str, int]:

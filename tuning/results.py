@@ -36,6 +36,7 @@ from tuning.sweep.space import BASELINE_ROLES, ROLE_MTP_OFF, ROLE_STATIC
 
 __all__ = [
     "BUDGET_CANDIDATES",
+    "BUSY_HOST_SHARE",
     "CELL_MIN_GAIN",
     "CONFIG_COLUMNS",
     "ROW_COLUMNS",
@@ -43,6 +44,7 @@ __all__ = [
     "IncompleteResultsError",
     "STATUS_OK",
     "STATUS_FAILED",
+    "busy_host_rows",
     "cell_measurements",
     "commit_table",
     "gains_over",
@@ -67,13 +69,30 @@ FIGURE_COLUMNS = (
     "ttft_ms_mean", "ttft_ms_median", "ttft_ms_p99", "tpot_ms_mean", "tpot_ms_median", "tpot_ms_p99",
     "itl_ms_mean", "itl_ms_median", "itl_ms_p99", "e2e_ms_mean", "e2e_ms_median", "e2e_ms_p99",
     "accept_length", "completed", "failed_requests", "duration_s", "early_stopped", "simulated", "time_scale",
-    "started_at", "finished_at", "output_throughput_repeats", "output_throughput_spread",
+    "started_at", "finished_at", "output_throughput_repeats", "output_throughput_spread", "host_cpu_busy_max",
 )
 ROW_COLUMNS = (
     "sweep_id", "trial_id", "role", "status", "failure_reason", "cached", "bucket", "max_output_len",
     "concurrency", "temperature", "sampling_band", "primary_load", *CONFIG_COLUMNS, *FIGURE_COLUMNS,
     "engine_startup_s", "workload",
 )
+
+
+BUSY_HOST_SHARE = 0.9
+"""A real engine's measurement taken while the host's CPUs were at least this busy (share of all CPU
+time, the engine and its client included) is flagged: a launch-bound engine beside one busy process per
+CPU measures about 13 % slower than on a quiet host (``benchmarks/results/gpu_suspects_h200_2026-12-02_cpu/``),
+as large a difference as the ones a sweep ranks."""
+
+
+def busy_host_rows(df: pd.DataFrame, share: float = BUSY_HOST_SHARE) -> pd.DataFrame:
+    """The successful rows of real engines measured while the host's CPUs were at least ``share`` busy
+    (``host_cpu_busy_max``; rows without it, simulated ones, are never flagged)."""
+    if df.empty or "host_cpu_busy_max" not in df.columns:
+        return df.iloc[0:0]
+    real = df["simulated"].astype("boolean").fillna(False).eq(False) if "simulated" in df.columns else True
+    busy = pd.to_numeric(df["host_cpu_busy_max"], errors="coerce").ge(share)
+    return df[df["status"].eq(STATUS_OK) & real & busy]
 
 
 class IncompleteResultsError(RoutingTableError):
@@ -134,6 +153,9 @@ def figure_columns(bench: Mapping[str, Any]) -> dict[str, Any]:
     out["output_throughput_repeats"] = ";".join(f"{x:.1f}" for x in reps) if reps else None
     mid = sorted(reps)[len(reps) // 2] if reps else 0.0
     out["output_throughput_spread"] = round((max(reps) - min(reps)) / mid, 4) if len(reps) > 1 and mid > 0 else None
+    # The busiest the host's CPUs were during any of those runs (share of all CPU time, 0-1).
+    busy = [float(x) for x in bench.get("repeat_host_cpu_busy") or (bench.get("host_cpu_busy"),) if x is not None]
+    out["host_cpu_busy_max"] = max(busy) if busy else None
     for lat in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
         stats = bench.get(lat) or {}
         for s in ("mean", "median", "p99"):
@@ -532,7 +554,7 @@ def pick_best(
                             f"buckets is {ratio - 1:+.1%} against it")
     within = [f"{b.name}: {_describe(row)} serves it, within noise of {_describe(ranked[0])} "
               f"({float(row['output_throughput']) / float(ranked[0]['output_throughput']) - 1:+.1%}; "
-              + (f"the interval of their ratio holds 1 at the pooled noise)" if noise else
+              + ("the interval of their ratio holds 1 at the pooled noise)" if noise else
                  f"intervals over {len(repeat_throughputs(row))} rounds overlap)")
               for (b, _, ranked, _), row in zip(found, chosen)
               if row["engine_key"] != ranked[0]["engine_key"] and within_noise(row, ranked[0], noise)]

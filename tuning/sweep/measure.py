@@ -19,6 +19,7 @@ from typing import Any
 
 from orchestrator.config import Backend, EngineConfig
 from orchestrator.errors import ConfigError, EngineError, OrchestratorError
+from orchestrator.hostinfo import busy_share, cpu_times
 from tuning.buckets import Bucket
 from tuning.sweep.budget import TimeBudgetSpent
 
@@ -185,8 +186,10 @@ def measure_buckets(engine: Any, config: EngineConfig, buckets: Sequence[Bucket]
                     what += f" at temperature {t:g}"
                 rule = plan.steady_state_rule(b) if measured else None
                 try:
+                    host_before = cpu_times()
                     run = benchmark(engine.base_url, b.workload_at(c, t), engine_config=config, steady_state=rule,
                                     request_timeout_s=plan.request_timeout_s, tokenizer=tokenizer).to_dict()
+                    run["host_cpu_busy"] = busy_share(host_before, cpu_times())
                     engine.check_health()
                 except EngineError as e:
                     failure = failure_reason(f"engine failed during {what} (concurrency {c})", e)
@@ -212,13 +215,15 @@ def representative_run(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The run that stands for repeated runs of one bucket: one with failed requests if any (a config
     must not win on its good runs), else the lower median by output throughput (with two runs, the
     slower: a table should not pick a config on its luckier run). Carries every run's throughput in
-    run order as ``repeat_output_throughputs``."""
+    run order as ``repeat_output_throughputs`` and every run's host CPU busy share as
+    ``repeat_host_cpu_busy`` (a busy host slows any of them, not only the one that stands)."""
     if len(runs) == 1:
         return dict(runs[0])
     failed = [r for r in runs if int(r.get("failed") or 0) > 0]
     ranked = sorted(runs, key=lambda r: float(r.get("output_throughput") or 0.0))
     chosen = failed[0] if failed else ranked[(len(ranked) - 1) // 2]
-    return {**chosen, "repeat_output_throughputs": [r.get("output_throughput") for r in runs]}
+    return {**chosen, "repeat_output_throughputs": [r.get("output_throughput") for r in runs],
+            "repeat_host_cpu_busy": [r.get("host_cpu_busy") for r in runs]}
 
 
 def failure_reason(prefix: str, e: BaseException, limit: int = 1500) -> str:

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.table import RoutingTable
-from tuning.results import STATUS_OK, summary_rows
+from tuning.results import BUSY_HOST_SHARE, STATUS_OK, busy_host_rows, summary_rows
 from tuning.sweep.runner import SweepOutcome
 from tuning.sweep.spec import SweepSpec
 
-__all__ = ["mixed_line", "next_commands", "print_summary", "serving_line", "traffic_line"]
+__all__ = ["busy_host_line", "mixed_line", "next_commands", "print_summary", "serving_line", "traffic_line"]
 
 
 def print_summary(outcome: SweepOutcome, *, console: Any = None, traffic: Any = None) -> None:
@@ -52,6 +52,8 @@ def print_summary(outcome: SweepOutcome, *, console: Any = None, traffic: Any = 
             console.print(f"[bold red]Routing table not committed everywhere[/]:\n{outcome.error}")
     else:
         console.print(f"[bold red]No routing table written[/] ({tag}):\n{outcome.error}")
+    if busy := busy_host_line(df):
+        console.print(f"[yellow]{busy}[/]")
     console.print(f"{n_trials} trials ({n_failed} failed) in {outcome.wall_s:.0f} s; sweep id {spec.sweep_id}")
     console.print(f"results:        {outcome.results_paths[0]}\n                {outcome.results_paths[1]}")
     if outcome.table_path is not None:
@@ -133,6 +135,20 @@ def traffic_line(table: RoutingTable, results: Any, spec: SweepSpec, traffic: An
     return (f"traffic mix: {pred.per_bucket_throughput:,.0f} tok/s with this table vs {single:,.0f} with the best single "
             f"config ({key}) everywhere: {pred.ratio:.2f}x (the mix's tokens per bucket and sampling band, {where}; "
             "predicted from these figures, not measured)")
+
+
+def busy_host_line(results: Any) -> str | None:
+    """A warning when real engines were measured on a host whose CPUs were busy (see
+    :data:`tuning.results.BUSY_HOST_SHARE`): which configs, so they can be measured again on a quiet host."""
+    busy = busy_host_rows(results)
+    if busy.empty:
+        return None
+    measured = int(results["status"].eq(STATUS_OK).sum())
+    labels = ", ".join(sorted(busy["engine_label"].astype(str).unique()))
+    return (f"host busy: {len(busy)} of {measured} measurements ran with the host's CPUs at least "
+            f"{BUSY_HOST_SHARE:.0%} busy (up to {busy['host_cpu_busy_max'].max():.0%}; the column host_cpu_busy_max): "
+            f"{labels}. A busy host slows a launch-bound engine by as much as configs differ; measure them again "
+            "with the host quiet before trusting their ranking")
 
 
 def _pct(v: float | None) -> str:

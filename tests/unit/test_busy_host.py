@@ -1,0 +1,51 @@
+"""The host's CPU load beside each real measurement: the share read from ``/proc/stat``, carried by every
+round of a bucket into results, and a sweep's warning naming the configs measured on a busy host."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from orchestrator.hostinfo import busy_share, cpu_times
+from tuning.results import BUSY_HOST_SHARE, busy_host_rows, figure_columns
+from tuning.sweep.measure import representative_run
+from tuning.sweep.summary import busy_host_line
+
+
+def test_the_busy_share_between_two_snapshots():
+    assert busy_share((100, 1000), (190, 1100)) == pytest.approx(0.9)
+    assert busy_share((100, 1000), (100, 1100)) == 0.0
+    assert busy_share(None, (1, 2)) is None and busy_share((5, 10), (5, 10)) is None  # no time passed
+    now = cpu_times()
+    assert now is not None and 0 <= now[0] <= now[1]  # this Linux host's own counters
+    later = cpu_times()
+    assert later[1] >= now[1]
+
+
+def test_every_round_counts_and_the_busiest_reaches_the_row():
+    runs = [{"output_throughput": t, "completed": 8, "failed": 0, "host_cpu_busy": b}
+            for t, b in ((900.0, 0.95), (1000.0, 0.2), (1100.0, None))]
+    chosen = representative_run(runs)
+    assert chosen["output_throughput"] == 1000.0 and chosen["repeat_host_cpu_busy"] == [0.95, 0.2, None]
+    assert figure_columns(chosen)["host_cpu_busy_max"] == 0.95  # the busiest round, not the one that stands
+    assert figure_columns(representative_run(runs[1:]))["host_cpu_busy_max"] == 0.2
+    assert figure_columns({"output_throughput": 1.0, "host_cpu_busy": 0.4})["host_cpu_busy_max"] == 0.4
+    assert figure_columns({"output_throughput": 1.0})["host_cpu_busy_max"] is None
+
+
+def _rows(**busy: float | None) -> pd.DataFrame:
+    return pd.DataFrame([{"engine_label": label, "status": "ok", "simulated": False, "host_cpu_busy_max": b}
+                         for label, b in busy.items()])
+
+
+def test_a_sweep_names_the_configs_measured_on_a_busy_host():
+    df = _rows(mtp4=0.97, off=0.3, mtp2=None)
+    assert list(busy_host_rows(df)["engine_label"]) == ["mtp4"]
+    line = busy_host_line(df)
+    assert line.startswith("host busy: 1 of 3 measurements") and "up to 97%" in line and line.count("mtp4") == 1
+    assert f"{BUSY_HOST_SHARE:.0%}" in line
+    assert busy_host_line(_rows(off=0.3)) is None
+    simulated = _rows(sim=1.0).assign(simulated=True)  # a simulator on a busy host is checked by its lateness
+    assert busy_host_line(simulated) is None
+    failed = _rows(mtp4=1.0).assign(status="failed")
+    assert busy_host_line(failed) is None
+    assert busy_host_line(pd.DataFrame(columns=["engine_label", "status"])) is None  # results from before
