@@ -26,7 +26,8 @@ A fresh PyTorch engine's first full-length requests run slow, and its first samp
 stall for seconds while the sampling kernels compile; without the warm-up the app driven first on fresh
 engines (the cap's selection, the table's first round) pays for it and the comparison ranks start-up.
 
-Apps (one Ray, one Serve; all deployed before the first drive, each at its own route prefix):
+Apps (one Ray, one Serve; all deployed at once, their engines starting side by side, before the first drive,
+each at its own route prefix):
 
 - ``table``: the routing table as the sweep committed it, on the replicas it planned for its GPU budget
   (``--serve-gpus``: ``provenance.gpu_budget.replicas``), else one engine per distinct config;
@@ -463,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from orchestrator import table as routing
     from orchestrator.config import EngineConfig
-    from orchestrator.deploy import deploy, direct_ingress_urls
+    from orchestrator.deploy import deploy_many, direct_ingress_urls
     from orchestrator.hostinfo import cpu_model, cpus_available, package_versions
     from orchestrator.ports import find_free_port
     from tuning.drive import (
@@ -551,24 +552,30 @@ def main(argv: list[str] | None = None) -> int:
         urls: dict[str, list[str]] = {}
         bases: dict[str, str] = {}
 
-        def deploy_app(name: str, data: dict[str, Any], replicas: dict[str, int]) -> None:
-            path = work / f"{name}.json"
-            if path.exists():
-                path.unlink()
-            routing.commit(data, path)
-            scaling = {k: {"num_replicas": r} for k, r in replicas.items()}
-            engine = {"num_cpus": 0, "log_dir": str(work / "engine-logs" / name), "health_check_period_s": 30,
-                      "health_check_timeout_s": 60, "metrics_poll_s": 60, "graceful_shutdown_timeout_s": 5}
-            if not simulated:
-                engine["share_gpu"] = a.share_gpu
-            deploy({"routing_table": str(path), "scaling": scaling, "engine": engine,
-                    **({"sim_time_scale": a.time_scale} if simulated else {}),
-                    "router": {"num_cpus": 0, "graceful_shutdown_timeout_s": 5, "status_refresh_s": 30}},
-                   app_name=name, route_prefix=f"/{name}")
-            urls[name] = engine_urls(name, replicas)
-            ingress = direct_ingress_urls(name) if a.direct_ingress else []
-            bases[name] = ingress[0].removesuffix("/v1") if ingress else f"http://127.0.0.1:{port}/{name}"
-            log(f"deployed {name}: {len(urls[name])} engines, router at {bases[name]}")
+        def deploy_apps(todo: dict[str, tuple[dict[str, Any], dict[str, int]]]) -> None:
+            """Deploy ``todo`` (name -> (table, replicas per engine key)) at once: their engines start side
+            by side (:func:`orchestrator.deploy.deploy_many`), then each app's engine and router URLs."""
+            specs = []
+            for name, (data, replicas) in todo.items():
+                path = work / f"{name}.json"
+                if path.exists():
+                    path.unlink()
+                routing.commit(data, path)
+                engine = {"num_cpus": 0, "log_dir": str(work / "engine-logs" / name), "health_check_period_s": 30,
+                          "health_check_timeout_s": 60, "metrics_poll_s": 60, "graceful_shutdown_timeout_s": 5}
+                if not simulated:
+                    engine["share_gpu"] = a.share_gpu
+                specs.append(({"routing_table": str(path), "engine": engine,
+                               "scaling": {k: {"num_replicas": r} for k, r in replicas.items()},
+                               **({"sim_time_scale": a.time_scale} if simulated else {}),
+                               "router": {"num_cpus": 0, "graceful_shutdown_timeout_s": 5, "status_refresh_s": 30}},
+                              name, f"/{name}"))
+            deploy_many(specs)
+            for name, (_, replicas) in todo.items():
+                urls[name] = engine_urls(name, replicas)
+                ingress = direct_ingress_urls(name) if a.direct_ingress else []
+                bases[name] = ingress[0].removesuffix("/v1") if ingress else f"http://127.0.0.1:{port}/{name}"
+                log(f"deployed {name}: {len(urls[name])} engines, router at {bases[name]}")
 
         def drive_app(app: str, mix: TrafficMix, prof: LoadProfile, seed: int, label: str) -> tuple[Any, Any, bool]:
             """One drive of ``app``; on simulated engines again (``--retries``) while its engines fall behind.
@@ -599,8 +606,7 @@ def main(argv: list[str] | None = None) -> int:
                                       "requests": len(res.records), "failed": overall.failed})
             log(f"warm-up {app}: {len(res.records)} requests, goodput {overall.goodput:,.0f} tok/s (not measured)")
 
-        for name, (data, replicas) in apps.items():
-            deploy_app(name, data, replicas)
+        deploy_apps(apps)
         result["deployed_s"] = round(time.monotonic() - t0, 1)
         if a.renice:
             log(f"reniced {renice_descendants(0)} of this run's processes (Ray workers, engines) to 0")
@@ -625,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
             result["cap"] = cap
             if cap.get("app") == "cap":
                 apps["cap"] = (cap.pop("table"), cap["replicas"])
-                deploy_app("cap", *apps["cap"])
+                deploy_apps({"cap": apps["cap"]})
                 result["apps"]["cap"] = sorted(cap["replicas"])
                 if a.renice:
                     renice_descendants(0)

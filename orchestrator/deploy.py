@@ -73,7 +73,7 @@ import yaml
 from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.raycompat import serve_client
 
-__all__ = ["DeployResult", "deploy", "direct_ingress_urls", "direct_ingress_urls_from_details", "first_request_text",
+__all__ = ["DeployResult", "deploy", "deploy_many", "direct_ingress_urls", "direct_ingress_urls_from_details", "first_request_text",
            "main", "serve_config", "write_serve_config"]
 
 logger = logging.getLogger(__name__)
@@ -145,6 +145,53 @@ def deploy(
         serve.run(build_app(args, table=table), name=app_name, route_prefix=route_prefix)
         steps.append("remove")
     return DeployResult(app_name, table.version, tuple(sorted(new_engines)), tuple(steps), tuple(added), tuple(removed))
+
+
+def deploy_many(apps: Sequence[tuple[Any, str, str]]) -> list[DeployResult]:
+    """Deploy several apps that are not running yet, ``(args, app_name, route_prefix)`` each, and return
+    once all of them run.
+
+    Their engines start side by side: :func:`deploy` returns only when an app's engines are up, so apps
+    deployed one after another start one after another (a benchmark that keeps several apps of real
+    engines resident on one host waits minutes longer). Every app is validated, alone and all of them
+    together checked against the cluster (GPUs by placement, CPUs by sum), before anything on the
+    cluster changes. An app that is already running is refused: updating one is :func:`deploy`'s
+    three steps.
+
+    Raises:
+        ConfigError / RoutingTableError: an invalid app, a name given twice or running, or apps that
+            do not fit together — nothing was changed.
+    """
+    from ray import serve
+
+    import ray
+    from orchestrator.config import gpus_needed
+    from orchestrator.serve.app import AppArgs, build_app, check_resources, gpu_requests, load_table, resources_needed
+
+    names = [name for _, name, _ in apps]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"each app needs a name of its own, got {names}")
+    cluster = ray.cluster_resources()
+    parsed = []
+    for raw, name, prefix in apps:
+        args = AppArgs.parse(raw)
+        table = load_table(args)
+        build_app(args, table=table)  # validates every option; builds no actors
+        if _running_router_spec(name) is not None:
+            raise ConfigError(f"app {name!r} is running already: update it with deploy()")
+        check_resources(args, table, cluster)
+        parsed.append((args, table, name, prefix))
+    placed = gpus_needed([r for args, table, *_ in parsed for r in gpu_requests(args, table)])
+    cpus = sum(resources_needed(args, table)["CPU"] for args, table, *_ in parsed)
+    have_gpus, have_cpus = float(cluster.get("GPU", 0.0)), float(cluster.get("CPU", 0.0))
+    if placed > have_gpus + 1e-9 or cpus > have_cpus + 1e-9:
+        raise ConfigError(f"the {len(parsed)} apps together take {placed} GPU(s) once placed and reserve {cpus:g} "
+                          f"CPU(s); the Ray cluster has {have_gpus:g} GPU(s) and {have_cpus:g} CPU(s): deploy fewer "
+                          "apps at once, or lower their reservations")
+    serve.run_many([serve.RunTarget(target=build_app(args, table=table), name=name, route_prefix=prefix)
+                    for args, table, name, prefix in parsed])
+    return [DeployResult(name, table.version, tuple(sorted(table.distinct_configs())), ("run",),
+                         tuple(sorted(table.distinct_configs()))) for args, table, name, _ in parsed]
 
 
 def _running_replicas(app_name: str) -> dict[str, int]:

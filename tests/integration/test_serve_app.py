@@ -417,6 +417,40 @@ def test_invalid_table_is_refused_before_anything_changes(cluster: Cluster, tmp_
     assert app_builder(app["args"]) is not None  # what `serve deploy` will import and call
 
 
+def test_several_new_apps_deploy_at_once_after_all_are_checked(cluster: Cluster, tmp_path: Path):
+    """``deploy_many`` starts several apps' engines side by side; an app that runs already, or apps that
+    fit the cluster alone but not together, are refused before any of them is deployed."""
+    from orchestrator.deploy import deploy_many
+    from orchestrator.errors import ConfigError
+
+    path = cluster._write_table(tmp_path / "one.json", [("le4096", 4096, NOSPEC)], sweep_id="many",
+                                default_max_tokens=16)
+    apps = [(cluster.args(path), name, f"/{name}") for name in ("many-a", "many-b")]
+    with pytest.raises(ConfigError, match="running already"):
+        deploy_many([apps[0], (cluster.args(path), APP, "/other")])
+    greedy = [({**args, "engine": {**args["engine"], "num_cpus": 3}}, name, prefix) for args, name, prefix in apps]
+    with pytest.raises(ConfigError, match="the 2 apps together .* reserve 6 CPU"):
+        deploy_many(greedy)  # 3 CPUs each fit the cluster's 4 alone
+    with pytest.raises(ConfigError, match="a name of its own"):
+        deploy_many([apps[0], apps[0]])
+    assert not {"many-a", "many-b"} & set(serve.status().applications)  # nothing was deployed
+    try:
+        results = deploy_many(apps)
+        assert [(r.app_name, r.engine_deployments) for r in results] == [
+            ("many-a", (NOSPEC.key(),)), ("many-b", (NOSPEC.key(),))]
+        for name in ("many-a", "many-b"):
+            r = httpx.post(f"{cluster.base}/{name}/v1/completions", timeout=60,
+                           json={"model": MODEL, "prompt": "x", "max_tokens": 8},
+                           headers={"authorization": f"Bearer {API_KEY}"})
+            assert r.status_code == 200 and r.headers["x-route-deployment"] == NOSPEC.key()
+        r = httpx.post(cluster.base + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 300},
+                       headers={"authorization": f"Bearer {API_KEY}"}, timeout=60)
+        assert r.headers["x-route-deployment"] == MTP3.key()  # the app that ran before is as it was
+    finally:
+        for name in ("many-a", "many-b"):
+            serve.delete(name)
+
+
 def test_table_update_with_requests_in_flight_loses_none(cluster: Cluster):
     from orchestrator.deploy import deploy
 
