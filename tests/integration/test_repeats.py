@@ -2,9 +2,12 @@
 what goes to results.csv, and a real simulated engine measured twice per bucket."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from orchestrator.config import EngineConfig
+from orchestrator.errors import ConfigError
 from tuning.buckets import make_buckets
 from tuning.results import figure_columns, rows_for_trial
 from tuning.sweep.measure import MeasurePlan, measure_config, representative_run
@@ -167,19 +170,23 @@ def test_the_burn_in_runs_the_first_bucket_once_more_unmeasured(tmp_path):
         def served() -> float:
             return parse_prometheus_text(httpx.get(engine.base_url + "/metrics", timeout=10).text)["sim_requests_total"]
 
-        deltas = {}
-        for burn_in in (False, True):
-            before, measurements = served(), {}
-            plan = MeasurePlan(steady_state=None, request_timeout_s=60, burn_in=burn_in)
+        deltas, took = {}, {}
+        for burn_in, seconds in ((False, 0.0), (True, 0.0), (True, 3.0)):
+            before, measurements, t0 = served(), {}, time.monotonic()
+            plan = MeasurePlan(steady_state=None, request_timeout_s=60, burn_in=burn_in, burn_in_s=seconds)
             failure = measure_buckets(engine, cfg, buckets, plan, measurements=measurements)
             assert failure == "" and sorted(measurements) == [("le128", 8), ("le512", 8)]
             assert all(m["completed"] == 12 for m in measurements.values())
-            deltas[burn_in] = served() - before
+            deltas[burn_in, seconds], took[burn_in, seconds] = served() - before, time.monotonic() - t0
     finally:
         engine.stop()
     first = buckets[0].workload_at(8)
-    assert deltas[False] == sum(b.workload_at(8).num_prompts + b.workload_at(8).warmup_requests for b in buckets)
-    assert deltas[True] - deltas[False] == first.num_prompts + first.warmup_requests
+    once = first.num_prompts + first.warmup_requests
+    assert deltas[False, 0.0] == sum(b.workload_at(8).num_prompts + b.workload_at(8).warmup_requests for b in buckets)
+    assert deltas[True, 0.0] - deltas[False, 0.0] == once
+    # With seconds to fill, the burn-in ran again as a whole until they had passed.
+    repeated = deltas[True, 3.0] - deltas[False, 0.0]
+    assert repeated % once == 0 and repeated >= 2 * once and took[True, 3.0] >= 3.0
 
 
 def test_burn_in_is_on_for_real_engines_and_can_be_turned_off(tmp_path, model_dir):
@@ -192,6 +199,13 @@ def test_burn_in_is_on_for_real_engines_and_can_be_turned_off(tmp_path, model_di
         return build_spec(_parser().parse_args([*argv, "--run-dir", run_dir]), cluster_gpus=8)
 
     assert spec("--model", str(model)).trial_context(None, None).plan.burn_in is True
+    from tuning.sweep import GPU_BURN_IN_S
+
+    assert spec("--model", str(model)).trial_context(None, None).plan.burn_in_s == GPU_BURN_IN_S > 0
+    assert spec("--model", str(model), "--burn-in-s", "5").measure_plan().burn_in_s == 5.0
+    assert spec("--model", str(model), "--no-burn-in").burn_in_s == 0.0 == spec().burn_in_s
+    with pytest.raises(ConfigError, match="burn_in_s"):
+        spec("--model", str(model), "--burn-in-s", "-1")
     # ... and real engines measure in rounds, so their figures carry intervals; the simulator once.
     from tuning.sweep import GPU_ROUNDS
 

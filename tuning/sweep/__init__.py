@@ -25,6 +25,7 @@ import importlib
 from typing import Any
 
 __all__ = [
+    "GPU_BURN_IN_S",
     "GPU_ROUNDS",
     "GPU_WARMUP_REQUESTS",
     "MeasurePlan",
@@ -46,7 +47,7 @@ __all__ = [
 ]
 
 _HOMES = {
-    "GPU_ROUNDS": "spec", "GPU_WARMUP_REQUESTS": "spec", "SweepError": "spec", "SweepSpec": "spec", "build_spec": "spec",
+    "GPU_BURN_IN_S": "spec", "GPU_ROUNDS": "spec", "GPU_WARMUP_REQUESTS": "spec", "SweepError": "spec", "SweepSpec": "spec", "build_spec": "spec",
     "load_defaults": "spec", "resumed_spec": "spec", "short_measurement_warnings": "spec",
     "MeasurePlan": "measure", "measure_config": "measure",
     "SweepOutcome": "runner", "run_sweep": "runner",

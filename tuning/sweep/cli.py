@@ -28,6 +28,7 @@ from orchestrator.errors import OrchestratorError
 from orchestrator.sim.model import DEFAULT_PROFILE
 from tuning.sweep.budget import BUDGET_FILE, read_budget
 from tuning.sweep.spec import (
+    GPU_BURN_IN_S,
     GPU_ROUNDS,
     GPU_WARMUP_REQUESTS,
     SweepError,
@@ -88,6 +89,9 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--no-burn-in", action="store_true",
                    help="with --model, do not run the first bucket once unmeasured before measuring (a fresh "
                         "LMDeploy engine's first full-load run is slower than the ones after it)")
+    w.add_argument("--burn-in-s", type=float, metavar="S",
+                   help=f"with --model, repeat the burn-in run until it has lasted S seconds (default {GPU_BURN_IN_S:g}: "
+                        "a fresh engine can keep speeding up past its first full-length wave)")
     w.add_argument("--repeats", type=int, metavar="R", help="rounds of every bucket on the same engine (default "
                    f"{GPU_ROUNDS} with --model, 1 on the simulator); "
                    "the lower-median run counts, every run's throughput and their spread go to results.csv, and "

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,8 +23,8 @@ from orchestrator.hostinfo import busy_share, cpu_times
 from tuning.buckets import Bucket
 from tuning.sweep.budget import TimeBudgetSpent
 
-__all__ = ["MeasurePlan", "Measurements", "failure_reason", "measure_buckets", "measure_config", "measure_steps",
-           "representative_run"]
+__all__ = ["MeasurePlan", "Measurements", "burn_in_until", "failure_reason", "measure_buckets", "measure_config",
+           "measure_steps", "representative_run"]
 
 Guard = Callable[[], contextlib.AbstractContextManager[Any]]
 Measurements = dict[tuple[Any, ...], dict[str, Any]]
@@ -56,6 +56,9 @@ class MeasurePlan:
             that short warm-up requests do not trigger), which would bias whichever bucket came first,
             and the first sampled run pays it again for the sampling kernels (a greedy-only warm-up
             left the first sampled wave's TTFT at 3-4x the next engine start's on the H200).
+        burn_in_s: with ``burn_in``, its runs are repeated until they have lasted at least this long:
+            a fresh engine can keep speeding up for tens of seconds of load, past its first full
+            wave, and a round 0 still on that slope would be the slow one of every config.
     """
 
     time_scale: float | None = None
@@ -66,10 +69,13 @@ class MeasurePlan:
     tokenizer: str | None = None
     repeats: int = 1
     burn_in: bool = False
+    burn_in_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.repeats, int) or self.repeats < 1:
             raise ConfigError(f"repeats={self.repeats!r} must be a whole number >= 1")
+        if self.burn_in_s < 0:
+            raise ConfigError(f"burn_in_s={self.burn_in_s!r} must be >= 0")
         if self.time_scale is not None and self.time_scale <= 0:
             raise ConfigError(f"time_scale={self.time_scale!r} must be > 0")
 
@@ -156,11 +162,25 @@ def measure_steps(buckets: Sequence[Bucket], *, burn_in: bool) -> list[tuple[Buc
     return steps + [(b, c, t, True) for b in buckets for c, t in b.points()]
 
 
+def burn_in_until(steps: Sequence[tuple[Bucket, int, float, bool]], seconds: float, *,
+                  clock: Callable[[], float] = time.monotonic) -> Iterator[tuple[Bucket, int, float, bool]]:
+    """``steps`` (as :func:`measure_steps` orders them) with the unmeasured ones — the burn-in — run
+    again, as a whole, until ``seconds`` have passed since the first began (``clock``); then the measured
+    ones. Lazy: the clock is read as the runs go."""
+    burn = [s for s in steps if not s[3]]
+    start = clock()
+    yield from burn
+    while burn and clock() - start < seconds:
+        yield from burn
+    yield from (s for s in steps if s[3])
+
+
 def measure_buckets(engine: Any, config: EngineConfig, buckets: Sequence[Bucket], plan: MeasurePlan, *,
                     measurements: Measurements, tokenizer: Any = None, round_guard: Guard | None = None,
                     on_last_round: Callable[[], None] | None = None) -> str:
     """Every bucket x load level against the ready ``engine`` into ``measurements``, in ``plan.repeats``
-    rounds (each round runs every point once; the burn-in, if ``plan.burn_in``, leads the first);
+    rounds (each round runs every point once; the burn-in, if ``plan.burn_in``, leads the first, for at
+    least ``plan.burn_in_s``);
     returns the failure reason ('' when all ran). ``tokenizer``: the loaded ``plan.tokenizer`` (loaded
     once per engine by the caller).
 
@@ -178,7 +198,7 @@ def measure_buckets(engine: Any, config: EngineConfig, buckets: Sequence[Bucket]
     for rnd in range(plan.repeats):
         last = rnd == plan.repeats - 1
         with round_guard() if round_guard is not None else contextlib.nullcontext():
-            for b, c, t, measured in steps:
+            for b, c, t, measured in (burn_in_until(steps, plan.burn_in_s) if rnd == 0 else steps):
                 if not measured and rnd > 0:
                     continue
                 what = f"bucket {b.name}" if measured else f"the burn-in run of bucket {b.name}"

@@ -30,7 +30,7 @@ from tuning.sweep.records import metric_name
 from tuning.sweep.space import SearchSpace, load_space_file
 from tuning.sweep.trial import TrialContext
 
-__all__ = ["DEFAULTS_PATH", "GPU_ROUNDS", "GPU_WARMUP_REQUESTS", "SweepError", "SweepSpec", "build_spec", "load_defaults",
+__all__ = ["DEFAULTS_PATH", "GPU_BURN_IN_S", "GPU_ROUNDS", "GPU_WARMUP_REQUESTS", "SweepError", "SweepSpec", "build_spec", "load_defaults",
            "new_sweep_id", "resumed_spec", "short_measurement_warnings"]
 
 DEFAULTS_PATH = Path(__file__).resolve().parent.parent / "defaults.yaml"
@@ -53,6 +53,12 @@ GPU_ROUNDS = 3
 configs are called different only when their intervals over the rounds part — which needs at least two
 rounds; three give an interval at all once one round is an outlier. The simulator's figures do not
 scatter like that: one round there."""
+
+GPU_BURN_IN_S = 60.0
+"""Least seconds of unmeasured full-length load on a fresh real engine before its first measurement
+(``--burn-in-s``): an engine can go on speeding up for tens of seconds of load after its first full
+waves, and a round 0 still on that slope would be every config's slow round; a minute of load brought
+a small model's engine to its steady speed (docs/results.md, CPU contention)."""
 
 GPU_WARMUP_REQUESTS = 64
 """Warm-up requests per bucket on real engines (one batch at the default concurrency; output capped
@@ -93,6 +99,8 @@ class SweepSpec:
     burn_in: bool = False
     """Run the first bucket's workload once, unmeasured, before measuring (real engines: the first
     full-load run after start-up is slower than the ones after it)."""
+    burn_in_s: float = 0.0
+    """With ``burn_in``, repeat those runs until they have lasted this long (:data:`GPU_BURN_IN_S`)."""
 
     def __post_init__(self) -> None:
         if self.share_gpu and self.space.tp != 1:
@@ -104,6 +112,8 @@ class SweepSpec:
             raise ConfigError(f"serve_gpus={self.serve_gpus} cannot hold even one engine of tp={self.space.tp}")
         if not isinstance(self.repeats, int) or self.repeats < 1:
             raise ConfigError(f"repeats={self.repeats!r} must be a whole number >= 1")
+        if self.burn_in_s < 0:
+            raise ConfigError(f"burn_in_s={self.burn_in_s!r} must be >= 0 seconds")
         if self.objective not in ("scalar", "multi"):
             raise ConfigError(f"objective={self.objective!r} is invalid; allowed: 'scalar', 'multi'")
         if self.max_concurrent_trials < 1:
@@ -130,7 +140,7 @@ class SweepSpec:
             "ready_timeout_s": self.ready_timeout_s, "request_timeout_s": self.request_timeout_s,
             "tokenizer": self.tokenizer, "n_startup_trials": self.n_startup_trials,
             "share_gpu": self.share_gpu, "serve_gpus": self.serve_gpus, "repeats": self.repeats,
-            "burn_in": self.burn_in,
+            "burn_in": self.burn_in, "burn_in_s": self.burn_in_s,
         }
 
     @classmethod
@@ -147,7 +157,8 @@ class SweepSpec:
         return MeasurePlan(time_scale=self.sim_time_scale, steady_state=self.steady_state,
                            steady_state_min_output_len=self.steady_state_min_output_len,
                            ready_timeout_s=self.ready_timeout_s, request_timeout_s=self.request_timeout_s,
-                           tokenizer=self.tokenizer, repeats=self.repeats, burn_in=self.burn_in)
+                           tokenizer=self.tokenizer, repeats=self.repeats, burn_in=self.burn_in,
+                           burn_in_s=self.burn_in_s)
 
     def trial_context(self, cache_actor: str | None, cache_namespace: str | None) -> TrialContext:
         return TrialContext(sweep_id=self.sweep_id, run_dir=self.run_dir, space=self.space, buckets=self.buckets,
@@ -292,6 +303,7 @@ def build_spec(args: argparse.Namespace, defaults: Mapping[str, Any] | None = No
         repeats=(args.repeats if args.repeats is not None
                  else int(sweep_cfg.get("repeats") or (1 if simulated else GPU_ROUNDS))),
         burn_in=not simulated and not args.no_burn_in,
+        burn_in_s=0.0 if simulated or args.no_burn_in else (GPU_BURN_IN_S if args.burn_in_s is None else args.burn_in_s),
     )
 
 
