@@ -21,7 +21,8 @@ rates, and that routing is deployed as ``cap`` (or, when it is one config everyw
 stands for it) and driven in every round beside the table: the ratio table / cap with its interval.
 
 Real engines are warmed up before anything is measured (``--warm-up``, on by default for them): every
-app, and the cap when it is deployed, serves one unmeasured drive of the stated mix at the burst's load.
+app, and the cap when it is deployed, serves one unmeasured drive of the stated mix at the burst's load
+for as long as the sweep's burn-in (``--warm-up-s``).
 A fresh PyTorch engine's first full-length requests run slow, and its first sampled requests with MTP on
 stall for seconds while the sampling kernels compile; without the warm-up the app driven first on fresh
 engines (the cap's selection, the table's first round) pays for it and the comparison ranks start-up.
@@ -437,6 +438,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="before the cap's selection and the rounds, drive every app once with the stated mix at the "
                         "burst's load, unmeasured (default: on for real engines, off for simulated ones, which "
                         "have no first-run effect)")
+    p.add_argument("--warm-up-s", type=float, default=None,
+                   help="length of each app's warm-up drive (default: the sweep's burn-in, "
+                        "tuning.sweep.GPU_BURN_IN_S: a fresh engine keeps speeding up for tens of seconds of load)")
     p.add_argument("--fixed-cells", action=argparse.BooleanOptionalAction, default=False,
                    help="also serve the table with its cells holding at any load (see above)")
     p.add_argument("--renice", action=argparse.BooleanOptionalAction, default=True,
@@ -475,6 +479,7 @@ def main(argv: list[str] | None = None) -> int:
         run_drive,
     )
     from tuning.drive.summary import MAX_LAG_SHARE, kept_schedule, max_lag_s
+    from tuning.sweep.spec import GPU_BURN_IN_S
     from tuning.traffic import LoadPhase, LoadProfile, TrafficMix, load_mix
 
     t0 = time.monotonic()
@@ -595,8 +600,8 @@ def main(argv: list[str] | None = None) -> int:
             return res, lateness, False
 
         warm_up = (not simulated) if a.warm_up is None else a.warm_up
-        warm_profile = LoadProfile(phases=[LoadPhase(seconds=profile.phases[0].seconds, concurrency=levels[2] * n,
-                                                     name="warm-up")])
+        warm_profile = LoadProfile(phases=[LoadPhase(seconds=GPU_BURN_IN_S if a.warm_up_s is None else a.warm_up_s,
+                                                     concurrency=levels[2] * n, name="warm-up")])
 
         def warm(app: str) -> None:
             """One unmeasured drive of ``app`` (see the module's docstring); its figures are kept apart."""

@@ -41,9 +41,9 @@
 #       ~15 min), then benchmarks/mixed_payoff.py: the table against each of its configs alone on as many
 #       engines and against the cap (each part of the mix driven alone on each config, the best routing
 #       served as an app), every engine at memory fraction PAYOFF_MEMORY (0.02) so all apps are resident on
-#       the GPU at once, every app warmed up by one unmeasured drive, PAYOFF_ROUNDS (5) interleaved rounds of
-#       a ramp and a burst (3 apps: deploy ~5.5 min one app after another on 2026-12-02, now side by side;
-#       warm-up ~1 min, cap selection ~2 min, a round ~2.5 min; every drive is saved as it ends, so a lease
+#       the GPU at once, every app warmed up by one unmeasured 60-s drive, PAYOFF_ROUNDS (4) interleaved rounds
+#       of a ramp and a burst (3 apps: deploy ~5.5 min one app after another on 2026-12-02, now side by side;
+#       warm-up ~3.5 min, cap selection ~2 min, a round ~2.5 min; every drive is saved as it ends, so a lease
 #       that ends first keeps the rounds done). Results of
 #       2026-12-02: benchmarks/results/gpu_payoff_h200_2026-12-02/ (the sweep; the payoff did not deploy) and
 #       benchmarks/results/gpu_payoff_h200_2026-12-02_served/ (the re-decided table served, no warm-up yet)
@@ -187,7 +187,7 @@ case $STEP in
     [ -n "${PAYOFF_TABLE:-}" ] && SWEEP="echo 'table: $PAYOFF_TABLE (no sweep)' > $P/sweep.log"
     setsid nohup bash -c "source benchmarks/gpu/device_env.sh; source /root/tm/env.sh; $SWEEP;
       python3 benchmarks/mixed_payoff.py --table $TABLE --mix benchmarks/gpu/payoff_mix_test_ckpt.yaml \
-        --other-mixes '' --rounds ${PAYOFF_ROUNDS:-5} --retries 0 --levels 16,32,64 --profile-scale 0.2 --share-gpu \
+        --other-mixes '' --rounds ${PAYOFF_ROUNDS:-4} --retries 0 --levels 16,32,64 --profile-scale 0.2 --share-gpu \
         --memory-fraction ${PAYOFF_MEMORY:-0.02} --out-dir $P --name payoff_h200 --work-dir $P/work > $P/payoff.log 2>&1;
       touch $P/done" > /dev/null 2>&1 < /dev/null &
     sleep 5; echo "payoff job started"

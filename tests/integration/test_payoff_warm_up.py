@@ -16,7 +16,7 @@ def test_every_app_is_driven_once_unmeasured_before_the_rounds(tmp_path):
     mix.write_text("default_temperature: 0.7\nclasses:\n  - {max_tokens: 32, temperature: 0.0, share: 0.5}\n"
                    "  - {max_tokens: 32, temperature: 0.8, share: 0.5}\n")
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "mixed_payoff.py"), "--mix", str(mix),
-                          "--warm-up", "--no-cap", "--apps", "table", "--rounds", "1", "--other-mixes", "",
+                          "--warm-up", "--warm-up-s", "2", "--no-cap", "--apps", "table", "--rounds", "1", "--other-mixes", "",
                           "--profile-scale", "0.05", "--levels", "1,2,2", "--time-scale", "4", "--num-cpus", "2",
                           "--no-direct-ingress", "--out-dir", str(tmp_path / "out"), "--work-dir", str(tmp_path / "work"),
                           "--name", "warm"],
