@@ -51,6 +51,7 @@ __all__ = [
     "config_of_row",
     "failed_rows",
     "pick_best",
+    "primary_choice",
     "repeat_throughputs",
     "results_frame",
     "rows_for_trial",
@@ -602,6 +603,16 @@ def _at_temperature(df: pd.DataFrame, temperature: float) -> pd.DataFrame:
         return df
     t = pd.to_numeric(df["temperature"], errors="coerce")
     return df[t.isna() | (t == temperature)]
+
+
+def primary_choice(results: pd.DataFrame, b: Bucket, engine_key: str) -> tuple[dict[str, Any], BucketFigures] | None:
+    """``engine_key``'s config and figures at bucket ``b``'s primary cell (its primary load and
+    temperature), from the successful rows of ``results``; ``None`` where it was not measured there."""
+    ok = results[(results["status"] == STATUS_OK) & (results["engine_key"] == engine_key)
+                 & (results["bucket"] == b.name)]
+    at = _at_temperature(ok, b.primary_temperature)
+    row = _best_row(at[at["concurrency"] == b.primary_concurrency])
+    return None if row is None else (config_of_row(row), _figures(row))
 
 
 def cell_measurements(rows: pd.DataFrame, b: Bucket) -> list[Any]:

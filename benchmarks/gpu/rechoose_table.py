@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from orchestrator import table as routing
     from tuning.sweep.choose import choose_table
-    from tuning.sweep.cli import _traffic, parser
+    from tuning.sweep.cli import parser, traffic_from_args
     from tuning.sweep.spec import build_spec, load_defaults
     from tuning.sweep.summary import traffic_line
 
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = build_spec(args, load_defaults(), cluster_gpus=a.gpus, cluster_cpus=16)
     results = pd.read_parquet(a.results)
     committed = routing.load(a.table)
-    traffic = _traffic(args)
+    traffic = traffic_from_args(args)
     table = choose_table(results, spec, committed.provenance, traffic)
     out = Path(a.out)
     out.write_text(table.to_json())

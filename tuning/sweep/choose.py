@@ -144,13 +144,7 @@ def no_worse_than_one_config(table: RoutingTable, results: Any, buckets: Sequenc
     table that needs more engines must pay for them on the user's mix, and it must never be worse than
     one config everywhere. A table with load variants is returned as it is (the prediction does not
     model them)."""
-    from tuning.results import (
-        STATUS_OK,
-        _at_temperature,
-        _best_row,
-        _figures,
-        config_of_row,
-    )
+    from tuning.results import primary_choice
 
     if any(b.load_variants for b in table.buckets):
         return table
@@ -164,17 +158,14 @@ def no_worse_than_one_config(table: RoutingTable, results: Any, buckets: Sequenc
     if pred.per_bucket_throughput > single * (1 + (CELL_MIN_GAIN if several else 0.0)) or \
             set(table.distinct_configs()) == {key}:
         return table
-    ok = results[(results["status"] == STATUS_OK) & (results["engine_key"] == key)]
     by_name = {b.name: b for b in buckets}
     routes = []
     for route in table.buckets:
-        b = by_name[route.name]
-        at = _at_temperature(ok[ok["bucket"] == b.name], b.primary_temperature)
-        row = _best_row(at[at["concurrency"] == b.primary_concurrency])
-        if row is None:
+        chosen = primary_choice(results, by_name[route.name], key)
+        if chosen is None:
             return table  # the single config lacks a bucket's primary cell: keep the table as chosen
-        figures = _figures(row)
-        routes.append(route.model_copy(update={"config": config_of_row(row), "figures": figures, "cells": (),
+        config, figures = chosen
+        routes.append(route.model_copy(update={"config": config, "figures": figures, "cells": (),
                                                "gains": gains_over(figures, route.baselines)}))
     note = (f"one config everywhere: on the traffic mix ({where}) the table as chosen predicts "
             f"{pred.per_bucket_throughput:,.0f} tok/s, {EngineConfig.from_dict(routes[0].config).label()} alone "

@@ -38,7 +38,7 @@ from tuning.sweep.spec import (
     short_measurement_warnings,
 )
 
-__all__ = ["main", "parser"]
+__all__ = ["main", "parser", "traffic_from_args"]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -139,7 +139,7 @@ def _float_list(v: str) -> list[float]:
     return [float(x) for x in v.split(",") if x.strip()]
 
 
-def _traffic(args: argparse.Namespace) -> Any:
+def traffic_from_args(args: argparse.Namespace) -> Any:
     """The traffic mix of ``--traffic-mix`` or ``--request-log`` (``None`` without either)."""
     from orchestrator.config import API_DEFAULT_TEMPERATURE, Backend
     from tuning.traffic import TrafficError, load_mix, mix_from_request_log
@@ -161,7 +161,7 @@ def _traffic(args: argparse.Namespace) -> Any:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        traffic = _traffic(args)  # before anything starts: a bad file costs no sweep
+        traffic = traffic_from_args(args)  # before anything starts: a bad file costs no sweep
     except OrchestratorError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
