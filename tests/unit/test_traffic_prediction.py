@@ -86,3 +86,29 @@ def test_a_table_no_better_than_one_config_on_the_users_mix_gives_way_to_it():
     assert b.engine_config().num_draft_tokens in (None, 0) and b.cells == () and b.figures.output_throughput == 1000
     assert b.gains["mtp_off"] == pytest.approx(0.0) and one.provenance.notes[-1].startswith("one config everywhere")
     assert no_worse_than_one_config(one, df, BUCKETS, sampled) == one  # already one config: unchanged
+
+
+def test_on_whole_engines_one_config_can_carry_the_mix_and_the_table_loses():
+    """The table that pays with the engines' time split at will (above) deploys one engine per config
+    without --serve-gpus: MTP off then carries half the mix's tokens (both sampled parts) on one engine
+    of three, and the whole table waits on it. The summary says so; a fourth engine goes to MTP off."""
+    from tuning.sweep.choose import predict_on_engines
+
+    df = _frame()
+    table = pick_best(df, BUCKETS, provenance=PROV)
+    assert len(table.distinct_configs()) == 3 and table.provenance.gpu_budget is None
+    mix = TrafficMix.model_validate({"classes": [{"max_tokens": 1000, "temperature": 0.0, "share": 1},
+                                                 {"max_tokens": 1000, "temperature": 0.8, "share": 1}]})
+    # Work per token of the mix (a quarter on each part): MTP-4 .25/1400, MTP-2 .25/2800, MTP off .25/1000 +
+    # .25/2000; the best single config on three engines is MTP off: 3 / (.25 * (2/1000 + 2/2000)).
+    off_work = 0.25 / 1000 + 0.25 / 2000
+    table_rate, single_rate = 1 / off_work, 3 / (0.25 * (2 / 1000 + 2 / 2000))
+    line = traffic_line(table, df, SimpleNamespace(buckets=BUCKETS), mix)
+    assert "on 3 engines, one per config" in line, line
+    assert float(re.search(r"on as many: ([0-9.]+)x", line).group(1)) == pytest.approx(table_rate / single_rate,
+                                                                                        abs=0.006), line
+    assert table_rate / single_rate < 0.7
+    four, _ = predict_on_engines(table, df, BUCKETS, mix, 4)
+    assert sorted(four.replicas.values()) == [1, 1, 2] and four.throughput == pytest.approx(2 / off_work)
+    assert four.ratio == pytest.approx(1.0)  # MTP off alone on four engines does as well
+    assert predict_on_engines(table, df, BUCKETS, mix, 2)[0] is None  # two engines cannot hold three configs

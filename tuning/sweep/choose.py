@@ -18,7 +18,7 @@ from tuning.buckets import Bucket
 from tuning.results import CELL_DROPPED, CELL_MIN_GAIN, gains_over, pick_best
 from tuning.sweep.spec import SweepSpec
 
-__all__ = ["choose_table", "commit_table", "no_worse_than_one_config", "plan_replicas", "predict_on_mix",
+__all__ = ["choose_table", "commit_table", "no_worse_than_one_config", "plan_replicas", "predict_on_engines", "predict_on_mix",
            "table_targets"]
 
 
@@ -102,14 +102,11 @@ def plan_replicas(table: RoutingTable, results: Any, buckets: Sequence[Bucket], 
     return noted(summary, *plan.notes, replicas=dict(plan.replicas), buckets=tuple(buckets))
 
 
-def predict_on_mix(table: RoutingTable, results: Any, buckets: Sequence[Bucket], traffic: Any,
-                   constraints: Any = None) -> tuple[Any, str]:
-    """``table`` and every single config measured on every part of ``traffic`` (a
-    :class:`tuning.traffic.TrafficMix`) within ``constraints`` (a :class:`tuning.results.Constraints`),
-    predicted from ``results`` over every load level measured (in equal token shares) or at the buckets'
-    primary load (:func:`tuning.cells.predict_mix`; a bucket's load variants are not modelled). Returns
-    ``(prediction, where)``, or ``(None, why not)``."""
-    from tuning.cells import BucketChoice, predict_mix
+def _mix_inputs(table: RoutingTable, results: Any, buckets: Sequence[Bucket], traffic: Any,
+                constraints: Any) -> tuple[tuple[Any, Any, Any, Any], str] | tuple[None, str]:
+    """What a prediction on ``traffic`` takes: ``((measurements, choices, token shares, load), where)``,
+    or ``(None, why not)``."""
+    from tuning.cells import BucketChoice
     from tuning.results import cell_measurements
 
     if constraints is not None and not results.empty:
@@ -125,13 +122,43 @@ def predict_on_mix(table: RoutingTable, results: Any, buckets: Sequence[Bucket],
     if len(levels) < 2 and len(primaries) != 1:
         return None, "the buckets' primary loads differ"
     if len(levels) > 1:
-        load: int | dict[int, float] = {level: 1.0 for level in levels}
-        where = f"over load levels {'/'.join(map(str, levels))} in equal token shares"
-    else:
-        load = primaries.pop()
-        where = f"at {load} in flight"
+        return (measured, choices, shares, {level: 1.0 for level in levels}), \
+            f"over load levels {'/'.join(map(str, levels))} in equal token shares"
+    load = primaries.pop()
+    return (measured, choices, shares, load), f"at {load} in flight"
+
+
+def predict_on_mix(table: RoutingTable, results: Any, buckets: Sequence[Bucket], traffic: Any,
+                   constraints: Any = None) -> tuple[Any, str]:
+    """``table`` and every single config measured on every part of ``traffic`` (a
+    :class:`tuning.traffic.TrafficMix`) within ``constraints`` (a :class:`tuning.results.Constraints`),
+    predicted from ``results`` over every load level measured (in equal token shares) or at the buckets'
+    primary load (:func:`tuning.cells.predict_mix`: the engines' time split between parts at will; a
+    bucket's load variants are not modelled). Returns ``(prediction, where)``, or ``(None, why not)``."""
+    from tuning.cells import predict_mix
+
+    inputs, where = _mix_inputs(table, results, buckets, traffic, constraints)
+    if inputs is None:
+        return None, where
+    measured, choices, shares, load = inputs
     try:
         return predict_mix(measured, choices, shares, in_flight=load), where
+    except ValueError as e:
+        return None, str(e)
+
+
+def predict_on_engines(table: RoutingTable, results: Any, buckets: Sequence[Bucket], traffic: Any, engines: int,
+                       constraints: Any = None) -> tuple[Any, str]:
+    """As :func:`predict_on_mix`, with the table on ``engines`` whole engines and each single config on
+    as many (:func:`tuning.replicas.on_engines`). Returns ``(prediction, where)``, or ``(None, why not)``."""
+    from tuning.replicas import on_engines
+
+    inputs, where = _mix_inputs(table, results, buckets, traffic, constraints)
+    if inputs is None:
+        return None, where
+    measured, choices, shares, load = inputs
+    try:
+        return on_engines(measured, choices, shares, in_flight=load, engines=engines), where
     except ValueError as e:
         return None, str(e)
 

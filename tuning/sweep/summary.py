@@ -122,8 +122,12 @@ def mixed_line(table: RoutingTable, results: Any) -> str | None:
 def traffic_line(table: RoutingTable, results: Any, spec: SweepSpec, traffic: Any) -> str:
     """The table (its primaries and cells) against every single config on the user's traffic mix, over
     every load level the sweep measured (in equal shares of the tokens) or at the buckets' primary load,
-    predicted from this sweep's figures (:func:`tuning.sweep.choose.predict_on_mix`)."""
-    from tuning.sweep.choose import predict_on_mix
+    predicted from this sweep's figures (:func:`tuning.sweep.choose.predict_on_mix`), with the engines'
+    time split between parts at will. A table of several configs with no serving plan (no
+    ``--serve-gpus``) is deployed one engine per config, so that case is predicted too
+    (:func:`tuning.sweep.choose.predict_on_engines`): with whole engines one config may carry most of
+    the mix, and the table can lose what its routing gains."""
+    from tuning.sweep.choose import predict_on_engines, predict_on_mix
 
     pred, where = predict_on_mix(table, results, spec.buckets, traffic)
     if pred is None:
@@ -132,9 +136,17 @@ def traffic_line(table: RoutingTable, results: Any, spec: SweepSpec, traffic: An
         return (f"traffic mix: {pred.per_bucket_throughput:,.0f} tok/s with this table; no single config was measured on "
                 "every cell of the mix")
     key, single = pred.best_single
-    return (f"traffic mix: {pred.per_bucket_throughput:,.0f} tok/s with this table vs {single:,.0f} with the best single "
-            f"config ({key}) everywhere: {pred.ratio:.2f}x (the mix's tokens per bucket and sampling band, {where}; "
-            "predicted from these figures, not measured)")
+    line = (f"traffic mix: {pred.per_bucket_throughput:,.0f} tok/s with this table vs {single:,.0f} with the best single "
+            f"config ({key}) everywhere: {pred.ratio:.2f}x (the mix's tokens per bucket and sampling band, {where}, the "
+            "engines' time split between them at will; predicted from these figures, not measured)")
+    n = len(table.distinct_configs())
+    if n > 1 and table.provenance.gpu_budget is None:
+        engines, _ = predict_on_engines(table, results, spec.buckets, traffic, n)
+        if engines is not None and engines.single is not None:
+            line += (f"\n  on {n} engines, one per config (how it deploys without --serve-gpus): "
+                     f"{engines.throughput:,.0f} tok/s vs {engines.single[1]:,.0f} with {engines.single[0]} on as many: "
+                     f"{engines.ratio:.2f}x; --serve-gpus N sizes whole replicas for N GPUs")
+    return line
 
 
 def busy_host_line(results: Any) -> str | None:
