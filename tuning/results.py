@@ -44,6 +44,7 @@ __all__ = [
     "IncompleteResultsError",
     "STATUS_OK",
     "STATUS_FAILED",
+    "behind_schedule_rows",
     "busy_host_rows",
     "cell_measurements",
     "commit_table",
@@ -71,6 +72,7 @@ FIGURE_COLUMNS = (
     "itl_ms_mean", "itl_ms_median", "itl_ms_p99", "e2e_ms_mean", "e2e_ms_median", "e2e_ms_p99",
     "accept_length", "completed", "failed_requests", "duration_s", "early_stopped", "simulated", "time_scale",
     "started_at", "finished_at", "output_throughput_repeats", "output_throughput_spread", "host_cpu_busy_max",
+    "sim_lag_share_max",
 )
 ROW_COLUMNS = (
     "sweep_id", "trial_id", "role", "status", "failure_reason", "cached", "bucket", "max_output_len",
@@ -94,6 +96,18 @@ def busy_host_rows(df: pd.DataFrame, share: float = BUSY_HOST_SHARE) -> pd.DataF
     real = df["simulated"].astype("boolean").fillna(False).eq(False) if "simulated" in df.columns else True
     busy = pd.to_numeric(df["host_cpu_busy_max"], errors="coerce").ge(share)
     return df[df["status"].eq(STATUS_OK) & real & busy]
+
+
+def behind_schedule_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The successful rows of simulated engines that ran further behind their schedule than
+    :data:`tuning.drive.summary.MAX_LAG_SHARE` of the measurement (``sim_lag_share_max``): their figures
+    measure the host's load as much as the config."""
+    from tuning.drive.summary import MAX_LAG_SHARE
+
+    if df.empty or "sim_lag_share_max" not in df.columns:
+        return df.iloc[0:0]
+    late = pd.to_numeric(df["sim_lag_share_max"], errors="coerce").gt(MAX_LAG_SHARE)
+    return df[df["status"].eq(STATUS_OK) & late]
 
 
 class IncompleteResultsError(RoutingTableError):
@@ -154,9 +168,12 @@ def figure_columns(bench: Mapping[str, Any]) -> dict[str, Any]:
     out["output_throughput_repeats"] = ";".join(f"{x:.1f}" for x in reps) if reps else None
     mid = sorted(reps)[len(reps) // 2] if reps else 0.0
     out["output_throughput_spread"] = round((max(reps) - min(reps)) / mid, 4) if len(reps) > 1 and mid > 0 else None
-    # The busiest the host's CPUs were during any of those runs (share of all CPU time, 0-1).
-    busy = [float(x) for x in bench.get("repeat_host_cpu_busy") or (bench.get("host_cpu_busy"),) if x is not None]
-    out["host_cpu_busy_max"] = max(busy) if busy else None
+    # The worst any of those runs was disturbed: the host's CPUs busy (share of all CPU time, 0-1), and a
+    # simulated engine behind its schedule (mean lag over the run's duration).
+    for col, one, many in (("host_cpu_busy_max", "host_cpu_busy", "repeat_host_cpu_busy"),
+                           ("sim_lag_share_max", "sim_lag_share", "repeat_sim_lag_share")):
+        vals = [float(x) for x in bench.get(many) or (bench.get(one),) if x is not None]
+        out[col] = max(vals) if vals else None
     for lat in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
         stats = bench.get(lat) or {}
         for s in ("mean", "median", "p99"):

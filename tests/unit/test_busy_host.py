@@ -49,3 +49,30 @@ def test_a_sweep_names_the_configs_measured_on_a_busy_host():
     failed = _rows(mtp4=1.0).assign(status="failed")
     assert busy_host_line(failed) is None
     assert busy_host_line(pd.DataFrame(columns=["engine_label", "status"])) is None  # results from before
+
+
+def test_a_simulated_engines_lag_is_its_mean_per_step_over_the_run():
+    from tuning.sweep.measure import sim_lag_share
+
+    # 0.5 simulated s behind over 100 steps: 5 ms a step, on a 10-s run: 0.05 %.
+    assert sim_lag_share((1.0, 1000), (1.5, 1100), 10.0) == pytest.approx(0.0005)
+    assert sim_lag_share((1.0, 1000), (1.0, 1000), 10.0) is None  # no step ran
+    assert sim_lag_share(None, (1.0, 10), 10.0) is None and sim_lag_share((0, 1), (1, 2), None) is None
+    chosen = representative_run([{"output_throughput": t, "completed": 8, "failed": 0, "sim_lag_share": lag}
+                                 for t, lag in ((5.0, 0.03), (6.0, 0.001), (7.0, None))])
+    assert figure_columns(chosen)["sim_lag_share_max"] == 0.03
+
+
+def test_a_sweep_names_the_simulated_configs_that_fell_behind():
+    from tuning.results import behind_schedule_rows
+    from tuning.sweep.summary import behind_schedule_line
+
+    df = pd.DataFrame([{"engine_label": label, "status": status, "simulated": True, "sim_lag_share_max": lag}
+                       for label, status, lag in (("sim-mtp2", "ok", 0.03), ("sim-off", "ok", 0.002),
+                                                  ("sim-mtp4", "ok", None), ("sim-mtp3", "failed", 0.5))])
+    assert list(behind_schedule_rows(df)["engine_label"]) == ["sim-mtp2"]
+    line = behind_schedule_line(df)
+    assert line.startswith("behind schedule: 1 of 3 simulated measurements") and "up to 3.0%" in line
+    assert "--sim-time-scale" in line
+    assert behind_schedule_line(df[df["engine_label"] != "sim-mtp2"]) is None
+    assert behind_schedule_line(pd.DataFrame(columns=["engine_label", "status"])) is None  # results from before

@@ -24,7 +24,7 @@ from tuning.buckets import Bucket
 from tuning.sweep.budget import TimeBudgetSpent
 
 __all__ = ["MeasurePlan", "Measurements", "burn_in_until", "failure_reason", "measure_buckets", "measure_config",
-           "measure_steps", "representative_run"]
+           "measure_steps", "representative_run", "sim_lag_share", "sim_loop_counters"]
 
 Guard = Callable[[], contextlib.AbstractContextManager[Any]]
 Measurements = dict[tuple[Any, ...], dict[str, Any]]
@@ -162,6 +162,29 @@ def measure_steps(buckets: Sequence[Bucket], *, burn_in: bool) -> list[tuple[Buc
     return steps + [(b, c, t, True) for b in buckets for c, t in b.points()]
 
 
+def sim_loop_counters(base_url: str) -> tuple[float, int] | None:
+    """``(lateness_s, steps)`` of a simulated engine's loop so far (``GET /sim/info``): the simulated
+    seconds it ran behind its deadlines, summed over its steps; ``None`` when it cannot be read."""
+    import httpx
+
+    try:
+        info = httpx.get(base_url + "/sim/info", timeout=30).json()
+        return float(info["lateness_s"]), int(info["counters"]["steps"])
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
+
+
+def sim_lag_share(before: tuple[float, int] | None, after: tuple[float, int] | None,
+                  duration_s: float | None) -> float | None:
+    """How far behind its schedule a simulated engine ran during a measurement: its mean lag per step
+    (between two :func:`sim_loop_counters`) over the measurement's simulated duration; ``None`` without
+    both counters, steps or a duration. A lag of L shifts when tokens arrive by about L, so this is the
+    share by which the figure can be off (:data:`tuning.drive.summary.MAX_LAG_SHARE` bounds it)."""
+    if before is None or after is None or not duration_s or duration_s <= 0 or after[1] <= before[1]:
+        return None
+    return round(max(0.0, after[0] - before[0]) / (after[1] - before[1]) / duration_s, 6)
+
+
 def burn_in_until(steps: Sequence[tuple[Bucket, int, float, bool]], seconds: float, *,
                   clock: Callable[[], float] = time.monotonic) -> Iterator[tuple[Bucket, int, float, bool]]:
     """``steps`` (as :func:`measure_steps` orders them) with the unmeasured ones — the burn-in — run
@@ -193,6 +216,7 @@ def measure_buckets(engine: Any, config: EngineConfig, buckets: Sequence[Bucket]
     from tuning.bench import benchmark
 
     steps = measure_steps(buckets, burn_in=plan.burn_in)
+    simulated = config.backend is Backend.SIM
     runs: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     failure = ""
     for rnd in range(plan.repeats):
@@ -207,9 +231,13 @@ def measure_buckets(engine: Any, config: EngineConfig, buckets: Sequence[Bucket]
                 rule = plan.steady_state_rule(b) if measured else None
                 try:
                     host_before = cpu_times()
+                    sim_before = sim_loop_counters(engine.base_url) if simulated and measured else None
                     run = benchmark(engine.base_url, b.workload_at(c, t), engine_config=config, steady_state=rule,
                                     request_timeout_s=plan.request_timeout_s, tokenizer=tokenizer).to_dict()
                     run["host_cpu_busy"] = busy_share(host_before, cpu_times())
+                    if sim_before is not None:
+                        run["sim_lag_share"] = sim_lag_share(sim_before, sim_loop_counters(engine.base_url),
+                                                             run.get("duration_s"))
                     engine.check_health()
                 except EngineError as e:
                     failure = failure_reason(f"engine failed during {what} (concurrency {c})", e)
@@ -235,15 +263,17 @@ def representative_run(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The run that stands for repeated runs of one bucket: one with failed requests if any (a config
     must not win on its good runs), else the lower median by output throughput (with two runs, the
     slower: a table should not pick a config on its luckier run). Carries every run's throughput in
-    run order as ``repeat_output_throughputs`` and every run's host CPU busy share as
-    ``repeat_host_cpu_busy`` (a busy host slows any of them, not only the one that stands)."""
+    run order as ``repeat_output_throughputs``, and every run's host CPU busy share and simulated lag as
+    ``repeat_host_cpu_busy`` / ``repeat_sim_lag_share`` (either distorts any of the runs, not only the
+    one that stands)."""
     if len(runs) == 1:
         return dict(runs[0])
     failed = [r for r in runs if int(r.get("failed") or 0) > 0]
     ranked = sorted(runs, key=lambda r: float(r.get("output_throughput") or 0.0))
     chosen = failed[0] if failed else ranked[(len(ranked) - 1) // 2]
     return {**chosen, "repeat_output_throughputs": [r.get("output_throughput") for r in runs],
-            "repeat_host_cpu_busy": [r.get("host_cpu_busy") for r in runs]}
+            "repeat_host_cpu_busy": [r.get("host_cpu_busy") for r in runs],
+            "repeat_sim_lag_share": [r.get("sim_lag_share") for r in runs]}
 
 
 def failure_reason(prefix: str, e: BaseException, limit: int = 1500) -> str:

@@ -95,6 +95,7 @@ class ResultRow:
     output_throughput_repeats: str | None = None
     output_throughput_spread: float | None = None
     host_cpu_busy_max: float | None = None
+    sim_lag_share_max: float | None = None
     engine_startup_s: float | None = None
     workload: str | None = None
     # Only in some rows (left out of the dict when unset, so the results frame has no empty column).

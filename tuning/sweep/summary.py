@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.table import RoutingTable
-from tuning.results import BUSY_HOST_SHARE, STATUS_OK, busy_host_rows, summary_rows
+from tuning.results import BUSY_HOST_SHARE, STATUS_OK, behind_schedule_rows, busy_host_rows, summary_rows
 from tuning.sweep.runner import SweepOutcome
 from tuning.sweep.spec import SweepSpec
 
-__all__ = ["busy_host_line", "mixed_line", "next_commands", "print_summary", "serving_line", "traffic_line"]
+__all__ = ["behind_schedule_line", "busy_host_line", "mixed_line", "next_commands", "print_summary", "serving_line", "traffic_line"]
 
 
 def print_summary(outcome: SweepOutcome, *, console: Any = None, traffic: Any = None) -> None:
@@ -52,8 +52,9 @@ def print_summary(outcome: SweepOutcome, *, console: Any = None, traffic: Any = 
             console.print(f"[bold red]Routing table not committed everywhere[/]:\n{outcome.error}")
     else:
         console.print(f"[bold red]No routing table written[/] ({tag}):\n{outcome.error}")
-    if busy := busy_host_line(df):
-        console.print(f"[yellow]{busy}[/]")
+    for warning in (busy_host_line(df), behind_schedule_line(df)):
+        if warning:
+            console.print(f"[yellow]{warning}[/]")
     console.print(f"{n_trials} trials ({n_failed} failed) in {outcome.wall_s:.0f} s; sweep id {spec.sweep_id}")
     console.print(f"results:        {outcome.results_paths[0]}\n                {outcome.results_paths[1]}")
     if outcome.table_path is not None:
@@ -161,6 +162,22 @@ def busy_host_line(results: Any) -> str | None:
             f"{BUSY_HOST_SHARE:.0%} busy (up to {busy['host_cpu_busy_max'].max():.0%}; the column host_cpu_busy_max): "
             f"{labels}. A busy host slows a launch-bound engine by as much as configs differ; measure them again "
             "with the host quiet before trusting their ranking")
+
+
+def behind_schedule_line(results: Any) -> str | None:
+    """A warning when simulated engines fell behind their schedule while measured (see
+    :func:`tuning.results.behind_schedule_rows`): which configs, and what to change."""
+    from tuning.drive.summary import MAX_LAG_SHARE
+
+    late = behind_schedule_rows(results)
+    if late.empty:
+        return None
+    measured = int(results["status"].eq(STATUS_OK).sum())
+    labels = ", ".join(sorted(late["engine_label"].astype(str).unique()))
+    return (f"behind schedule: {len(late)} of {measured} simulated measurements ran their engine more than "
+            f"{MAX_LAG_SHARE:.0%} of the run behind its schedule (up to {late['sim_lag_share_max'].max():.1%}; the "
+            f"column sim_lag_share_max): {labels}. Their figures rank this host's load as much as the configs; "
+            "measure again with a lower --sim-time-scale or fewer --max-concurrent-trials")
 
 
 def _pct(v: float | None) -> str:
