@@ -94,12 +94,15 @@ def mix_rate(work: Mapping[str, float], replicas: Mapping[str, int]) -> float:
 
 @dataclass(frozen=True)
 class EnginesPrediction:
-    """The table as chosen on a number of whole engines, and the best single config on as many."""
+    """The table as chosen on given whole engines, and the best single config on as many."""
 
-    engines: int
     replicas: Mapping[str, int]
     throughput: float
     single: tuple[str, float] | None
+
+    @property
+    def engines(self) -> int:
+        return sum(self.replicas.values())
 
     @property
     def ratio(self) -> float | None:
@@ -108,28 +111,30 @@ class EnginesPrediction:
 
 def on_engines(measurements: Sequence[CellMeasurement], choices: Mapping[str, BucketChoice],
                token_shares: Mapping[tuple[str, str], float], *, in_flight: int | Mapping[int, float],
-               engines: int) -> EnginesPrediction:
-    """The mix's rate (as :func:`tuning.cells.predict_mix` takes it) with the table ``choices`` on
-    ``engines`` whole replicas sized to its work, and with the best single config measured on every
-    part on as many. Unlike :func:`~tuning.cells.predict_mix`, whose parts have engines in proportion to
-    their work, each config here gets whole engines: with few of them, one config may carry most of the
-    mix while another idles, which can cost a table more than its routing gains. Raises ``ValueError``
-    when the table's configs were not measured on a part or ``engines`` cannot hold one of each."""
+               replicas: Mapping[str, int]) -> EnginesPrediction:
+    """The mix's rate (as :func:`tuning.cells.predict_mix` takes it) with the table ``choices`` served
+    by ``replicas`` (engine key -> whole engines; a config the mix does not reach idles on its own), and
+    with the best single config measured on every part on as many engines. Unlike
+    :func:`~tuning.cells.predict_mix`, whose parts have engines in proportion to their work, each config
+    here has the engines it is given: with few of them one config may carry most of the mix while
+    another idles, which can cost a table more than its routing gains. Raises ``ValueError`` when the
+    table's configs were not measured on a part of the mix or one of them has no engine."""
     shares = mix_parts(token_shares, in_flight)
     rates = part_rates(measurements)
     own = {p: choices[p[0]].key_for(p[1], p[2]) for p in shares if p[0] in choices}
     work = work_per_config(own, shares, rates) if len(own) == len(shares) else None
     if work is None:
         raise ValueError("the table's configs were not all measured on the mix's parts")
-    replicas = size_replicas(work, lambda r: sum(r.values()) <= engines)
-    if replicas is None:
-        raise ValueError(f"{engines} engine(s) cannot hold one of each of the table's {len(work)} configs")
+    unserved = sorted(k for k in work if replicas.get(k, 0) < 1)
+    if unserved:
+        raise ValueError(f"no engine for {', '.join(unserved)}")
+    engines = sum(replicas.values())
     single = None
     for key in sorted({k for k, *_ in rates}):
         w = work_per_config({p: key for p in shares}, shares, rates)
         if w is not None and (single is None or engines / w[key] > single[1]):
             single = (key, engines / w[key])
-    return EnginesPrediction(engines=engines, replicas=replicas, throughput=mix_rate(work, replicas), single=single)
+    return EnginesPrediction(replicas=dict(replicas), throughput=mix_rate(work, replicas), single=single)
 
 
 def plan_serving(measurements: Sequence[CellMeasurement], choices: Mapping[str, BucketChoice],

@@ -91,24 +91,30 @@ def test_a_table_no_better_than_one_config_on_the_users_mix_gives_way_to_it():
 def test_on_whole_engines_one_config_can_carry_the_mix_and_the_table_loses():
     """The table that pays with the engines' time split at will (above) deploys one engine per config
     without --serve-gpus: MTP off then carries half the mix's tokens (both sampled parts) on one engine
-    of three, and the whole table waits on it. The summary says so; a fourth engine goes to MTP off."""
+    of three, and the whole table waits on it. The summary says so. A config the mix does not reach
+    idles on its engine (a greedy-only mix leaves MTP off's idle)."""
     from tuning.sweep.choose import predict_on_engines
 
     df = _frame()
     table = pick_best(df, BUCKETS, provenance=PROV)
-    assert len(table.distinct_configs()) == 3 and table.provenance.gpu_budget is None
+    keys = {(c.num_draft_tokens or 0): k for k, c in table.distinct_configs().items()}
+    assert sorted(keys) == [0, 2, 4] and table.provenance.gpu_budget is None
     mix = TrafficMix.model_validate({"classes": [{"max_tokens": 1000, "temperature": 0.0, "share": 1},
                                                  {"max_tokens": 1000, "temperature": 0.8, "share": 1}]})
     # Work per token of the mix (a quarter on each part): MTP-4 .25/1400, MTP-2 .25/2800, MTP off .25/1000 +
     # .25/2000; the best single config on three engines is MTP off: 3 / (.25 * (2/1000 + 2/2000)).
     off_work = 0.25 / 1000 + 0.25 / 2000
-    table_rate, single_rate = 1 / off_work, 3 / (0.25 * (2 / 1000 + 2 / 2000))
     line = traffic_line(table, df, SimpleNamespace(buckets=BUCKETS), mix)
     assert "on 3 engines, one per config" in line, line
-    assert float(re.search(r"on as many: ([0-9.]+)x", line).group(1)) == pytest.approx(table_rate / single_rate,
-                                                                                        abs=0.006), line
-    assert table_rate / single_rate < 0.7
-    four, _ = predict_on_engines(table, df, BUCKETS, mix, 4)
-    assert sorted(four.replicas.values()) == [1, 1, 2] and four.throughput == pytest.approx(2 / off_work)
-    assert four.ratio == pytest.approx(1.0)  # MTP off alone on four engines does as well
-    assert predict_on_engines(table, df, BUCKETS, mix, 2)[0] is None  # two engines cannot hold three configs
+    ratio = float(re.search(r"on as many: ([0-9.]+)x", line).group(1))
+    assert ratio == pytest.approx((1 / off_work) / (3 / (0.25 * (2 / 1000 + 2 / 2000))), abs=0.006), line
+    # A second engine for MTP off: the table as fast as MTP off alone on four.
+    four, _ = predict_on_engines(table, df, BUCKETS, mix, {keys[0]: 2, keys[2]: 1, keys[4]: 1})
+    assert four.engines == 4 and four.throughput == pytest.approx(2 / off_work) and four.ratio == pytest.approx(1.0)
+    assert predict_on_engines(table, df, BUCKETS, mix, {keys[2]: 1, keys[4]: 1})[0] is None  # MTP off has none
+    # Greedy only: MTP-4 (1400 at 64) and MTP-2 (2800 at 256) carry it, MTP off idles on the third engine;
+    # the best single on three is MTP-2: 3 / (.5/1200 + .5/2800).
+    greedy = TrafficMix.model_validate({"classes": [{"max_tokens": 1000, "temperature": 0.0, "share": 1}]})
+    idle, _ = predict_on_engines(table, df, BUCKETS, greedy)
+    assert idle.engines == 3 and idle.throughput == pytest.approx(1 / (0.5 / 1400))
+    assert idle.ratio == pytest.approx((1 / (0.5 / 1400)) / (3 / (0.5 / 1200 + 0.5 / 2800)))

@@ -147,9 +147,10 @@ def predict_on_mix(table: RoutingTable, results: Any, buckets: Sequence[Bucket],
         return None, str(e)
 
 
-def predict_on_engines(table: RoutingTable, results: Any, buckets: Sequence[Bucket], traffic: Any, engines: int,
-                       constraints: Any = None) -> tuple[Any, str]:
-    """As :func:`predict_on_mix`, with the table on ``engines`` whole engines and each single config on
+def predict_on_engines(table: RoutingTable, results: Any, buckets: Sequence[Bucket], traffic: Any,
+                       replicas: dict[str, int] | None = None, constraints: Any = None) -> tuple[Any, str]:
+    """As :func:`predict_on_mix`, with the table on whole engines — ``replicas`` (engine key -> engines),
+    by default one per config, how a table without a serving plan deploys — and each single config on
     as many (:func:`tuning.replicas.on_engines`). Returns ``(prediction, where)``, or ``(None, why not)``."""
     from tuning.replicas import on_engines
 
@@ -158,7 +159,8 @@ def predict_on_engines(table: RoutingTable, results: Any, buckets: Sequence[Buck
         return None, where
     measured, choices, shares, load = inputs
     try:
-        return on_engines(measured, choices, shares, in_flight=load, engines=engines), where
+        return on_engines(measured, choices, shares, in_flight=load,
+                          replicas=replicas or {k: 1 for k in table.distinct_configs()}), where
     except ValueError as e:
         return None, str(e)
 
@@ -169,9 +171,11 @@ def no_worse_than_one_config(table: RoutingTable, results: Any, buckets: Sequenc
     ``constraints`` (or, running several configs, not more than :data:`~tuning.results.CELL_MIN_GAIN`
     above it), that config on every bucket with its own figures and no cells, and a note saying why: a
     table that needs more engines must pay for them on the user's mix, and it must never be worse than
-    one config everywhere. A table with load variants is returned as it is (the prediction does not
-    model them)."""
-    from tuning.results import primary_choice
+    one config everywhere. The prediction splits the engines' time between the mix's parts at will (as
+    with enough replicas per config); whole engines are the replica plan's business (``--serve-gpus``),
+    and the summary shows the table on one engine per config beside it. A table with load variants is
+    returned as it is (the prediction does not model them)."""
+    from tuning.results import measured_at_primary
 
     if any(b.load_variants for b in table.buckets):
         return table
@@ -188,7 +192,7 @@ def no_worse_than_one_config(table: RoutingTable, results: Any, buckets: Sequenc
     by_name = {b.name: b for b in buckets}
     routes = []
     for route in table.buckets:
-        chosen = primary_choice(results, by_name[route.name], key)
+        chosen = measured_at_primary(results, by_name[route.name], key)
         if chosen is None:
             return table  # the single config lacks a bucket's primary cell: keep the table as chosen
         config, figures = chosen

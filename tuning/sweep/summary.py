@@ -142,7 +142,7 @@ def traffic_line(table: RoutingTable, results: Any, spec: SweepSpec, traffic: An
             "engines' time split between them at will; predicted from these figures, not measured)")
     n = len(table.distinct_configs())
     if n > 1 and table.provenance.gpu_budget is None:
-        engines, _ = predict_on_engines(table, results, spec.buckets, traffic, n)
+        engines, _ = predict_on_engines(table, results, spec.buckets, traffic)
         if engines is not None and engines.single is not None:
             line += (f"\n  on {n} engines, one per config (how it deploys without --serve-gpus): "
                      f"{engines.throughput:,.0f} tok/s vs {engines.single[1]:,.0f} with {engines.single[0]} on as many: "
