@@ -377,12 +377,14 @@ def render_markdown(result: dict[str, Any]) -> str:
         lines.append("")
     lines.append(f"Good request: completed, TTFT <= {slo['ttft_s']:g} s and TPOT <= {slo['tpot_s'] * 1000:g} ms"
                  + (" (simulated time)." if result.get("simulated", True) else "."))
-    if not result.get("simulated", True):
-        warm = result.get("warm_up")
-        lines += ["", ("Warm-up, before anything was measured (one unmeasured drive of the stated mix per app): "
-                       + ", ".join(f"{w['app']} {w['goodput']:,.0f} tok/s" for w in warm)) if warm else
-                  ("No warm-up: each app's first drive (the cap's selection for the singles, round 0 for the table) "
-                   "ran on fresh engines.")]
+    warm, plan = result.get("warm_up"), result.get("warm_up_plan") or {}
+    if warm:
+        lines += ["", (f"Warm-up, before anything was measured (one unmeasured {plan.get('seconds', 0):g}-s drive of the "
+                       f"stated mix per app at {plan.get('in_flight', '?')} in flight): "
+                       + ", ".join(f"{w['app']} {w['goodput']:,.0f} tok/s" for w in warm))]
+    elif not result.get("simulated", True):
+        lines += ["", "No warm-up: each app's first drive (the cap's selection for the singles, round 0 for the table) "
+                      "ran on fresh engines" + (" (the run ended before its warm-up)." if plan.get("on") else ".")]
     cap = result.get("cap")
     if cap:
         lines += ["", (f"### The cap: each part of the stated mix alone on each single app ({cap['seconds']:g}-s steady "
@@ -511,6 +513,8 @@ def main(argv: list[str] | None = None) -> int:
     levels = tuple(int(x) for x in a.levels.split(","))
     if len(levels) != 3:
         p.error("--levels takes three numbers: steady, ramp target, burst")
+    if a.warm_up_s is not None and not (0 < a.warm_up_s < float("inf")):
+        p.error(f"--warm-up-s {a.warm_up_s} must be a positive number of seconds")
     if a.apps:
         apps = {k: v for k, v in apps.items() if k in a.apps.split(",")}
     profile = LoadProfile.model_validate(load_profile_for(n, levels, a.profile_scale))
@@ -529,6 +533,10 @@ def main(argv: list[str] | None = None) -> int:
                               f"({max_lag_s(profile) * 1000:g} ms simulated); per-request times from the engines' stamps"
                               if simulated else "real engines: no schedule to keep, every drive counts"),
         "drives": [], "summary": {}}
+    warm_up = (not simulated) if a.warm_up is None else a.warm_up
+    result["warm_up_plan"] = {"on": warm_up, "seconds": GPU_BURN_IN_S if a.warm_up_s is None else a.warm_up_s,
+                              "in_flight": levels[2] * n}
+    result["warm_up"] = []  # one entry per app as its warm-up drive ends
     out_json = out_dir / f"{a.name}.json"
 
     def save() -> None:
@@ -599,8 +607,7 @@ def main(argv: list[str] | None = None) -> int:
                     + ("again" if attempt < a.retries else "recorded, left out of the figures"))
             return res, lateness, False
 
-        warm_up = (not simulated) if a.warm_up is None else a.warm_up
-        warm_profile = LoadProfile(phases=[LoadPhase(seconds=GPU_BURN_IN_S if a.warm_up_s is None else a.warm_up_s,
+        warm_profile = LoadProfile(phases=[LoadPhase(seconds=result["warm_up_plan"]["seconds"],
                                                      concurrency=levels[2] * n, name="warm-up")])
 
         def warm(app: str) -> None:
@@ -615,7 +622,6 @@ def main(argv: list[str] | None = None) -> int:
         result["deployed_s"] = round(time.monotonic() - t0, 1)
         if a.renice:
             log(f"reniced {renice_descendants(0)} of this run's processes (Ray workers, engines) to 0")
-        result["warm_up"] = []
         if warm_up:
             for name in apps:
                 warm(name)

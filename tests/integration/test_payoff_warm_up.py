@@ -28,3 +28,17 @@ def test_every_app_is_driven_once_unmeasured_before_the_rounds(tmp_path):
     assert result["warm_up"][0]["requests"] > 0 and result["warm_up"][0]["failed"] == 0
     assert [(d["mix"], d["round"], d["app"]) for d in result["drives"]] == [("stated", 0, "table")]
     assert "warm-up table:" in out.stderr + out.stdout
+    burst = 2 * result["engines_per_app"]  # --levels' burst, per engine
+    assert result["warm_up_plan"] == {"on": True, "seconds": 2.0, "in_flight": burst}
+    report = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "mixed_payoff.py"), "--render",
+                             str(tmp_path / "out" / "warm.json")], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                            check=True).stdout
+    assert ("Warm-up, before anything was measured (one unmeasured 2-s drive of the stated mix per app at "
+            f"{burst} in flight): table") in report
+
+
+def test_a_warm_up_of_no_length_is_refused_before_anything_starts(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "mixed_payoff.py"), "--warm-up-s", "0",
+                          "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+    assert out.returncode == 2 and "--warm-up-s 0.0 must be a positive number of seconds" in out.stderr
+    assert not list(tmp_path.iterdir())
