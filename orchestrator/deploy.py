@@ -159,8 +159,8 @@ def deploy_many(apps: Sequence[tuple[Any, str, str]]) -> list[DeployResult]:
     three steps.
 
     Raises:
-        ConfigError / RoutingTableError: an invalid app, a name given twice or running, or apps that
-            do not fit together — nothing was changed.
+        ConfigError / RoutingTableError: no app, an invalid app, a name or route prefix given twice or
+            already running, or apps that do not fit together — nothing was changed.
     """
     from ray import serve
 
@@ -168,9 +168,18 @@ def deploy_many(apps: Sequence[tuple[Any, str, str]]) -> list[DeployResult]:
     from orchestrator.config import gpus_needed
     from orchestrator.serve.app import AppArgs, build_app, check_resources, gpu_requests, load_table, resources_needed
 
-    names = [name for _, name, _ in apps]
+    if not apps:
+        raise ConfigError("no app to deploy")
+    names, prefixes = [name for _, name, _ in apps], [prefix for *_, prefix in apps]
     if len(set(names)) != len(names):
         raise ConfigError(f"each app needs a name of its own, got {names}")
+    client = serve_client()
+    taken = {app: d.get("route_prefix") for app, d in
+             ((client.get_serve_details() if client is not None else {}).get("applications") or {}).items()}
+    clash = sorted({p for p in prefixes if prefixes.count(p) > 1} | {p for p in prefixes if p in taken.values()})
+    if clash:
+        raise ConfigError(f"route prefix(es) {clash} given twice or served by a running app "
+                          f"({ {a: p for a, p in taken.items() if p in clash} }): give each app a prefix of its own")
     cluster = ray.cluster_resources()
     parsed = []
     for raw, name, prefix in apps:

@@ -433,6 +433,10 @@ def test_several_new_apps_deploy_at_once_after_all_are_checked(cluster: Cluster,
         deploy_many(greedy)  # 3 CPUs each fit the cluster's 4 alone
     with pytest.raises(ConfigError, match="a name of its own"):
         deploy_many([apps[0], apps[0]])
+    with pytest.raises(ConfigError, match=r"route prefix\(es\) \['/'\] given twice or served by a running app"):
+        deploy_many([apps[0], (cluster.args(path), "many-c", "/")])  # the running app's prefix
+    with pytest.raises(ConfigError, match="no app"):
+        deploy_many([])
     assert not {"many-a", "many-b"} & set(serve.status().applications)  # nothing was deployed
     try:
         results = deploy_many(apps)
