@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Iterable
 from importlib import metadata
 
-__all__ = ["busy_share", "cpu_model", "cpu_times", "cpus_available", "detect_gpus", "measured_on", "package_version",
+__all__ = ["busy_share", "cpu_model", "cpu_times", "cpu_times_from_stat", "cpus_available", "detect_gpus", "measured_on", "package_version",
            "package_versions"]
 
 
@@ -47,18 +47,29 @@ def cpus_available() -> int:
         return os.cpu_count() or 1
 
 
+def cpu_times_from_stat(line: str) -> tuple[int, int] | None:
+    """``(busy, total)`` clock ticks from the first (``cpu``) line of ``/proc/stat``; ``None`` for any
+    other line. Busy is everything but idle and I/O wait — steal time counts as busy (the CPU was not
+    this host's to use); guest time is inside user time, so it is not added again."""
+    fields = line.split()
+    if len(fields) < 6 or fields[0] != "cpu":
+        return None
+    try:
+        ticks = [int(x) for x in fields[1:9]]  # user nice system idle iowait [irq softirq steal]
+    except ValueError:
+        return None
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+
 def cpu_times() -> tuple[int, int] | None:
-    """``(busy, total)`` clock ticks of all the host's CPUs since boot (``/proc/stat``), or ``None`` where
-    they cannot be read (not Linux). Idle and I/O wait are not busy; guest time is inside user time."""
+    """``(busy, total)`` clock ticks of all the host's CPUs since boot (:func:`cpu_times_from_stat` of
+    ``/proc/stat``), or ``None`` where they cannot be read (not Linux). In a container limited to some
+    CPUs the share is of the whole host's."""
     try:
         with open("/proc/stat", encoding="ascii") as f:
-            fields = f.readline().split()
+            return cpu_times_from_stat(f.readline())
     except OSError:
         return None
-    if len(fields) < 5 or fields[0] != "cpu":
-        return None
-    ticks = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal
-    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
 
 
 def busy_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:

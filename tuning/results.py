@@ -52,7 +52,7 @@ __all__ = [
     "config_of_row",
     "failed_rows",
     "pick_best",
-    "primary_choice",
+    "measured_at_primary",
     "repeat_throughputs",
     "results_frame",
     "rows_for_trial",
@@ -84,8 +84,7 @@ ROW_COLUMNS = (
 BUSY_HOST_SHARE = 0.9
 """A real engine's measurement taken while the host's CPUs were at least this busy (share of all CPU
 time, the engine and its client included) is flagged: a launch-bound engine beside one busy process per
-CPU measures about 13 % slower than on a quiet host (``benchmarks/results/gpu_suspects_h200_2026-12-02_cpu/``),
-as large a difference as the ones a sweep ranks."""
+CPU measures slower than on a quiet host, by as much as the differences a sweep ranks."""
 
 
 def busy_host_rows(df: pd.DataFrame, share: float = BUSY_HOST_SHARE) -> pd.DataFrame:
@@ -622,7 +621,7 @@ def _at_temperature(df: pd.DataFrame, temperature: float) -> pd.DataFrame:
     return df[t.isna() | (t == temperature)]
 
 
-def primary_choice(results: pd.DataFrame, b: Bucket, engine_key: str) -> tuple[dict[str, Any], BucketFigures] | None:
+def measured_at_primary(results: pd.DataFrame, b: Bucket, engine_key: str) -> tuple[dict[str, Any], BucketFigures] | None:
     """``engine_key``'s config and figures at bucket ``b``'s primary cell (its primary load and
     temperature), from the successful rows of ``results``; ``None`` where it was not measured there."""
     ok = results[(results["status"] == STATUS_OK) & (results["engine_key"] == engine_key)

@@ -152,9 +152,10 @@ def test_the_searcher_is_not_told_twice_about_a_trial_the_study_has_finished(tmp
 
 
 def test_the_burn_in_runs_the_first_bucket_once_more_unmeasured(tmp_path):
-    """On real engines (``burn_in``) the first bucket's workload runs once before anything is
-    measured: the engine serves it (its own request counter says so), the measurements do not
-    include it. Without it, the same engine serves exactly the measured requests."""
+    """On real engines (``burn_in``) the first bucket's workload runs before anything is measured —
+    once, or as a whole again until ``burn_in_s`` have passed: the engine serves it (its own request
+    counter says so), the measurements do not include it. Without it, the same engine serves exactly
+    the measured requests."""
     import httpx
 
     from orchestrator.engine import EngineProcess
@@ -205,8 +206,9 @@ def test_burn_in_is_on_for_real_engines_and_can_be_turned_off(tmp_path, model_di
     assert spec("--model", str(model)).trial_context(None, None).plan.burn_in_s == GPU_BURN_IN_S > 0
     assert spec("--model", str(model), "--burn-in-s", "5").measure_plan().burn_in_s == 5.0
     assert spec("--model", str(model), "--no-burn-in").burn_in_s == 0.0 == spec().burn_in_s
-    with pytest.raises(ConfigError, match="burn_in_s"):
-        spec("--model", str(model), "--burn-in-s", "-1")
+    for bad in ("-1", "inf", "nan"):
+        with pytest.raises(ConfigError, match="burn_in_s"):
+            spec("--model", str(model), "--burn-in-s", bad)
     # ... and real engines measure in rounds, so their figures carry intervals; the simulator once.
     from tuning.sweep import GPU_ROUNDS
 

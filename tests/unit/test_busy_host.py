@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from orchestrator.hostinfo import busy_share, cpu_times
+from orchestrator.hostinfo import busy_share, cpu_times, cpu_times_from_stat
 from tuning.results import BUSY_HOST_SHARE, busy_host_rows, figure_columns
 from tuning.sweep.measure import representative_run
 from tuning.sweep.summary import busy_host_line
@@ -15,6 +15,10 @@ def test_the_busy_share_between_two_snapshots():
     assert busy_share((100, 1000), (190, 1100)) == pytest.approx(0.9)
     assert busy_share((100, 1000), (100, 1100)) == 0.0
     assert busy_share(None, (1, 2)) is None and busy_share((5, 10), (5, 10)) is None  # no time passed
+    # user nice system idle iowait irq softirq steal guest guest_nice: guest (7) is inside user already
+    assert cpu_times_from_stat("cpu  100 5 50 800 20 3 2 10 7 0") == (170, 990)
+    assert cpu_times_from_stat("cpu0 1 2 3 4 5 6 7 8") is None and cpu_times_from_stat("cpu 1 2 3 4") is None
+    assert cpu_times_from_stat("cpu x 2 3 4 5 6") is None
     now = cpu_times()
     assert now is not None and 0 <= now[0] <= now[1]  # this Linux host's own counters
     later = cpu_times()
@@ -44,7 +48,7 @@ def test_a_sweep_names_the_configs_measured_on_a_busy_host():
     assert line.startswith("host busy: 1 of 3 measurements") and "up to 97%" in line and line.count("mtp4") == 1
     assert f"{BUSY_HOST_SHARE:.0%}" in line
     assert busy_host_line(_rows(off=0.3)) is None
-    simulated = _rows(sim=1.0).assign(simulated=True)  # a simulator on a busy host is checked by its lateness
+    simulated = _rows(sim=1.0).assign(simulated=True)  # a simulator's own lag says whether it kept up
     assert busy_host_line(simulated) is None
     failed = _rows(mtp4=1.0).assign(status="failed")
     assert busy_host_line(failed) is None

@@ -74,8 +74,8 @@ class MeasurePlan:
     def __post_init__(self) -> None:
         if not isinstance(self.repeats, int) or self.repeats < 1:
             raise ConfigError(f"repeats={self.repeats!r} must be a whole number >= 1")
-        if self.burn_in_s < 0:
-            raise ConfigError(f"burn_in_s={self.burn_in_s!r} must be >= 0")
+        if not 0 <= self.burn_in_s < float("inf"):
+            raise ConfigError(f"burn_in_s={self.burn_in_s!r} must be a finite number of seconds >= 0")
         if self.time_scale is not None and self.time_scale <= 0:
             raise ConfigError(f"time_scale={self.time_scale!r} must be > 0")
 

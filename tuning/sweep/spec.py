@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import datetime as _dt
 import json
+import math
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -58,7 +59,7 @@ GPU_BURN_IN_S = 60.0
 """Least seconds of unmeasured full-length load on a fresh real engine before its first measurement
 (``--burn-in-s``): an engine can go on speeding up for tens of seconds of load after its first full
 waves, and a round 0 still on that slope would be every config's slow round; a minute of load brought
-a small model's engine to its steady speed (docs/results.md, CPU contention)."""
+a small model's engine to its steady speed."""
 
 GPU_WARMUP_REQUESTS = 64
 """Warm-up requests per bucket on real engines (one batch at the default concurrency; output capped
@@ -112,8 +113,8 @@ class SweepSpec:
             raise ConfigError(f"serve_gpus={self.serve_gpus} cannot hold even one engine of tp={self.space.tp}")
         if not isinstance(self.repeats, int) or self.repeats < 1:
             raise ConfigError(f"repeats={self.repeats!r} must be a whole number >= 1")
-        if self.burn_in_s < 0:
-            raise ConfigError(f"burn_in_s={self.burn_in_s!r} must be >= 0 seconds")
+        if not 0 <= self.burn_in_s < math.inf:
+            raise ConfigError(f"burn_in_s={self.burn_in_s!r} must be a finite number of seconds >= 0")
         if self.objective not in ("scalar", "multi"):
             raise ConfigError(f"objective={self.objective!r} is invalid; allowed: 'scalar', 'multi'")
         if self.max_concurrent_trials < 1:
