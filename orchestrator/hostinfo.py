@@ -13,8 +13,17 @@ import subprocess
 from collections.abc import Iterable
 from importlib import metadata
 
-__all__ = ["busy_share", "cpu_model", "cpu_times", "cpu_times_from_stat", "cpus_available", "detect_gpus", "measured_on", "package_version",
-           "package_versions"]
+__all__ = [
+    "busy_share",
+    "cpu_model",
+    "cpu_times",
+    "cpu_times_from_stat",
+    "cpus_available",
+    "detect_gpus",
+    "measured_on",
+    "package_version",
+    "package_versions",
+]
 
 
 def package_version(name: str) -> str | None:

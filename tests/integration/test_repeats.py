@@ -175,7 +175,8 @@ def test_the_burn_in_runs_the_first_bucket_once_more_unmeasured(tmp_path):
         deltas, took = {}, {}
         for burn_in, seconds in ((False, 0.0), (True, 0.0), (True, 3.0)):
             before, measurements, t0 = served(), {}, time.monotonic()
-            plan = MeasurePlan(steady_state=None, request_timeout_s=60, burn_in=burn_in, burn_in_s=seconds)
+            plan = MeasurePlan(steady_state=None, request_timeout_s=60, burn_in=burn_in, burn_in_s=seconds,
+                               sim_remeasure=0)  # every run once: the counts below are the burn-in's
             failure = measure_buckets(engine, cfg, buckets, plan, measurements=measurements)
             assert failure == "" and sorted(measurements) == [("le128", 8), ("le512", 8)]
             assert all(m["completed"] == 12 for m in measurements.values())
@@ -250,7 +251,8 @@ def test_repeats_run_in_rounds_each_under_its_own_guard(tmp_path):
     try:
         engine.wait_until_ready()
         measurements: dict = {}
-        plan = MeasurePlan(steady_state=None, request_timeout_s=60, burn_in=True, repeats=2)
+        plan = MeasurePlan(steady_state=None, request_timeout_s=60, burn_in=True, repeats=2,
+                           sim_remeasure=0)  # every run once: the counts below are the rounds'
         failure = measure_buckets(engine, cfg, buckets, plan, measurements=measurements, round_guard=guard,
                                   on_last_round=lambda: events.append(("stop", float(engine.is_alive()))))
     finally:
@@ -264,3 +266,51 @@ def test_repeats_run_in_rounds_each_under_its_own_guard(tmp_path):
     assert n1 == m0  # nothing served between the rounds
     assert sorted(measurements) == [("le128", 8), ("le512", 8)]
     assert all(len(m["repeat_output_throughputs"]) == 2 for m in measurements.values())
+
+
+def test_a_simulated_run_whose_engine_fell_behind_is_measured_again(tmp_path):
+    """A simulated engine stopped for a moment mid-run (SIGSTOP, as a starved host would) runs behind its
+    schedule; that run is measured again, and the run that stands says how far behind it was. The
+    engine's own request counter shows the extra run."""
+    import os
+    import signal
+    import threading
+
+    import httpx
+
+    from orchestrator.engine import EngineProcess
+    from orchestrator.serve.metrics import parse_prometheus_text
+    from tuning.drive.summary import MAX_LAG_SHARE
+    from tuning.sweep.measure import measure_buckets
+
+    cfg = EngineConfig(backend="sim", model="intern-s2-preview-8xh200", tp=8, extra_flags=("--startup-delay", "0"))
+    buckets = make_buckets([1024], input_len=128, concurrency_levels=(8,), num_prompts=64)  # ~4 s at scale 10
+    engine = EngineProcess(cfg, log_dir=tmp_path, sim_time_scale=10.0)
+    engine.start()
+    try:
+        engine.wait_until_ready()
+
+        def served() -> float:
+            return parse_prometheus_text(httpx.get(engine.base_url + "/metrics", timeout=10).text)["sim_requests_total"]
+
+        def stall() -> None:
+            time.sleep(1.0)
+            os.kill(engine.pid, signal.SIGSTOP)
+            time.sleep(1.0)
+            os.kill(engine.pid, signal.SIGCONT)
+
+        before, measurements = served(), {}
+        staller = threading.Thread(target=stall, daemon=True)
+        staller.start()
+        plan = MeasurePlan(steady_state=None, request_timeout_s=60, sim_remeasure=3)
+        failure = measure_buckets(engine, cfg, buckets, plan, measurements=measurements)
+        staller.join()
+        delta = served() - before
+    finally:
+        os.kill(engine.pid, signal.SIGCONT)
+        engine.stop()
+    assert failure == ""
+    run = measurements[("le1024", 8)]
+    once = buckets[0].workload_at(8).num_prompts + buckets[0].workload_at(8).warmup_requests
+    assert run["sim_remeasured"] >= 1 and delta == once * (1 + run["sim_remeasured"])
+    assert run["sim_lag_share"] <= MAX_LAG_SHARE or run["sim_remeasured"] == plan.sim_remeasure

@@ -76,7 +76,8 @@ def test_a_sweep_names_the_simulated_configs_that_fell_behind():
                                                   ("sim-mtp4", "ok", None), ("sim-mtp3", "failed", 0.5))])
     assert list(behind_schedule_rows(df)["engine_label"]) == ["sim-mtp2"]
     line = behind_schedule_line(df)
-    assert line.startswith("behind schedule: 1 of 3 simulated measurements") and "up to 3.0%" in line
+    assert line.startswith("behind schedule: 1 of 3 simulated measurements, measured again, still ran") \
+        and "up to 3.0%" in line
     assert "--sim-time-scale" in line
     assert behind_schedule_line(df[df["engine_label"] != "sim-mtp2"]) is None
     assert behind_schedule_line(pd.DataFrame(columns=["engine_label", "status"])) is None  # results from before
