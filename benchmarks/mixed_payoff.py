@@ -18,7 +18,8 @@ as an app of its own (``--cap``, default on): before the rounds every single app
 the stated mix (bucket x sampling band) alone, a steady ``--cap-seconds`` drive at the ramp's target
 load; :func:`tuning.cap.best_routing` routes the parts on the table's number of replicas from those
 rates, and that routing is deployed as ``cap`` (or, when it is one config everywhere, that single's app
-stands for it) and driven in every round beside the table: the ratio table / cap with its interval.
+stands for it; when it is the table's own routing on its replicas, the table does) and driven in every
+round beside the table: the ratio table / cap with its interval.
 
 Real engines are warmed up before anything is measured (``--warm-up``, on by default for them): every
 app, and the cap when it is deployed, serves one unmeasured drive of the stated mix at the burst's load
@@ -297,14 +298,23 @@ def _paired_ratios(drives: list[dict[str, Any]], app: str, ref: str) -> tuple[li
     return ratios, phase_ratios
 
 
+def table_routes(table: Any, part: tuple[str, str]) -> set[str]:
+    """The engine keys ``table`` sends the (bucket, band) ``part`` to, over every load its cells name."""
+    b = table.bucket(part[0])
+    levels = {1, *(c.min_in_flight for c in b.cells)}
+    return {(cell.engine_config() if (cell := b.cell_for(part[1], n)) else b.engine_config()).key() for n in levels}
+
+
 def measure_cap(table_data: dict[str, Any], mix: Any, singles: dict[str, str], replicas: int,
-                part_goodput: Any, configs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+                part_goodput: Any, configs: dict[str, dict[str, Any]],
+                table_replicas: dict[str, int] | None = None) -> dict[str, Any]:
     """The cap's selection: every single app (``singles``: app -> engine key, each on ``replicas``
     engines) serves each part (bucket x sampling band) of ``mix`` alone, ``part_goodput(app, part_mix,
     label)`` -> goodput or ``None`` (engines fell behind); :func:`tuning.cap.best_routing` routes the parts
     on ``replicas`` replicas. Returns the record: per part its token share, every single's goodput per
     replica and the route; the routing's replicas and predicted rate; and ``app``: ``"cap"`` (with
-    ``table``, to deploy) or the single app that is the cap, or ``error`` when a part has no rate."""
+    ``table``, to deploy), the single app that is the cap, ``"table"`` when the best routing is the
+    table's own (its routes at every load, on ``table_replicas``), or ``error`` when a part has no rate."""
     from orchestrator import table as routing
     from tuning.cap import best_routing, cap_table, pooled_rate
     from tuning.traffic import TrafficMix
@@ -332,6 +342,10 @@ def measure_cap(table_data: dict[str, Any], mix: Any, singles: dict[str, str], r
         part["route"] = plan.routes[(part["bucket"], part["band"])]
     record.update(replicas=dict(plan.replicas), predicted_rate=round(plan.rate, 3),
                   predicted_pooled_rate=round(pooled_rate(rates, shares, replicas), 3))
+    if table_replicas is not None and dict(plan.replicas) == dict(table_replicas) and all(
+            table_routes(table, part) == {route} for part, route in plan.routes.items()):
+        return {**record, "app": "table",
+                "note": "the best routing is the table's own, on its replicas: the table is the cap"}
     if plan.single:
         return {**record, "app": f"single-{plan.single}",
                 "note": f"on {replicas} replica(s) the best routing sends every part to {plan.single} (a split "
@@ -636,7 +650,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"cap selection {part} {app}: goodput {good:,.0f} tok/s" + ("" if ok else " — FELL BEHIND: left out"))
                 return good if ok else None
 
-            cap = measure_cap(table_data, mixes["stated"], singles_keys, n, part_goodput, singles)
+            cap = measure_cap(table_data, mixes["stated"], singles_keys, n, part_goodput, singles, table_replicas)
             cap.update(seconds=seconds, in_flight=levels[1] * n)
             log(f"cap: {cap.get('note') or cap.get('error')}")
             result["cap"] = cap

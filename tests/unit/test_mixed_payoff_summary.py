@@ -119,3 +119,42 @@ def test_every_app_fits_one_gpu_at_a_lower_memory_fraction_and_the_reservation_i
     new_keys = {c.num_draft_tokens or 0: k for k, c in moved_plan.distinct_configs().items()}
     assert moved_plan.provenance.gpu_budget.replicas == {new_keys[4]: 2, new_keys[0]: 1}
     assert set(new_keys.values()).isdisjoint(keys.values())
+
+
+def test_when_the_best_routing_is_the_tables_own_the_table_is_the_cap():
+    """A table whose cells already send each part to its fastest config, on the replicas the cap would
+    size: no second app of the same engines is deployed; the table stands for the cap. A table that
+    routes a part elsewhere at some load is not the cap's routing."""
+    from orchestrator import table as routing
+    from orchestrator.config import EngineConfig
+    from tuning.traffic import TrafficMix
+
+    greedy_fast = EngineConfig(backend="sim", model="intern-s2-preview-8xh200", tp=8, speculative_algorithm="qwen3_5_mtp",
+                               num_draft_tokens=3)
+    sampled_fast = EngineConfig(backend="sim", model="intern-s2-preview-8xh200", tp=8)
+    a, b = greedy_fast.key(), sampled_fast.key()
+
+    def table_data(min_in_flight: int) -> dict:
+        return {"schema_version": 2, "provenance": {"model": "m", "gpu_type": "none (simulated)", "gpu_count": 0,
+                                                     "sweep_id": "s", "created_at": "now", "simulated": True},
+                "buckets": [{"name": "le1024", "max_output_len": 1024, "config": greedy_fast.to_dict(),
+                             "figures": {"output_throughput": 1.0},
+                             "cells": [{"sampling": "sampled", "min_in_flight": min_in_flight,
+                                        "config": sampled_fast.to_dict(), "figures": {"output_throughput": 1.0}}]}]}
+
+    mix = TrafficMix.model_validate({"classes": [{"max_tokens": 1024, "temperature": 0.0, "share": 1},
+                                                 {"max_tokens": 1024, "temperature": 0.8, "share": 1}]})
+    singles = {f"single-{a}": a, f"single-{b}": b}
+
+    def goodput(app: str, part_mix, label: str) -> float:  # each config 3x the other on its own part
+        return 600.0 if (app == f"single-{a}") == label.endswith("/greedy") else 200.0
+
+    both = {a: 1, b: 1}
+    own = payoff.measure_cap(table_data(1), mix, singles, 2, goodput, {}, both)
+    assert own["app"] == "table" and "table" not in own and own["replicas"] == both
+    assert {(p["band"], p["route"]) for p in own["parts"]} == {("greedy", a), ("sampled", b)}
+    # Sampled requests stay on the greedy config below 8 in flight: not the cap's routing, so a cap app.
+    configs = {k: c.to_dict() for k, c in routing.parse(table_data(8)).distinct_configs().items()}
+    loaded = payoff.measure_cap(table_data(8), mix, singles, 2, goodput, configs, both)
+    assert loaded["app"] == "cap" and routing.parse(loaded["table"]).bucket("le1024").cell_for("sampled", 1) is not None
+    assert payoff.measure_cap(table_data(1), mix, singles, 2, goodput, configs, {a: 2, b: 1})["app"] == "cap"
