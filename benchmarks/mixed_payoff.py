@@ -193,13 +193,13 @@ def measured_configs(sweep_dir: str | Path) -> dict[str, dict[str, Any]]:
 async def _counters(urls: list[str]) -> dict[str, dict[str, float]]:
     import aiohttp
 
+    from tuning.drive.backend import sim_counters_of
+
     out = {}
     async with aiohttp.ClientSession() as s:
         for u in urls:
             async with s.get(u + "/sim/info", timeout=aiohttp.ClientTimeout(total=30)) as r:
-                info = await r.json()
-            out[u] = {"steps": float(info["counters"]["steps"]), "late_steps": float(info["counters"]["late_steps"]),
-                      "lateness_s": float(info["lateness_s"])}
+                out[u] = sim_counters_of(await r.json())["engine"]
     return out
 
 

@@ -58,10 +58,14 @@ def test_a_sweep_names_the_configs_measured_on_a_busy_host():
 def test_a_simulated_engines_lag_is_its_mean_per_step_over_the_run():
     from tuning.sweep.measure import sim_lag_share
 
+    def counters(lateness_s: float, steps: int) -> dict:  # as /sim/info gives them for one engine
+        return {"engine": {"steps": steps, "late_steps": 0, "lateness_s": lateness_s}}
+
     # 0.5 simulated s behind over 100 steps: 5 ms a step, on a 10-s run: 0.05 %.
-    assert sim_lag_share((1.0, 1000), (1.5, 1100), 10.0) == pytest.approx(0.0005)
-    assert sim_lag_share((1.0, 1000), (1.0, 1000), 10.0) is None  # no step ran
-    assert sim_lag_share(None, (1.0, 10), 10.0) is None and sim_lag_share((0, 1), (1, 2), None) is None
+    assert sim_lag_share(counters(1.0, 1000), counters(1.5, 1100), 10.0) == pytest.approx(0.0005)
+    assert sim_lag_share(counters(1.0, 1000), counters(1.0, 1000), 10.0) is None  # no step ran
+    assert sim_lag_share(None, counters(1.0, 10), 10.0) is None
+    assert sim_lag_share(counters(0, 1), counters(1, 2), None) is None
     chosen = representative_run([{"output_throughput": t, "completed": 8, "failed": 0, "sim_lag_share": lag}
                                  for t, lag in ((5.0, 0.03), (6.0, 0.001), (7.0, None))])
     assert figure_columns(chosen)["sim_lag_share_max"] == 0.03

@@ -28,7 +28,7 @@ from tuning.drive.errors import DriveError
 from tuning.drive.records import EngineLateness
 from tuning.drive.workload import DrawnRequest
 
-__all__ = ["OpenAIBackend", "Outcome", "lateness_between"]
+__all__ = ["OpenAIBackend", "Outcome", "lateness_between", "sim_counters_of"]
 
 
 @dataclass(frozen=True)
@@ -91,14 +91,7 @@ class OpenAIBackend:
                 info = await r.json(content_type=None)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
             return {}
-        engines = info.get("engines") if isinstance(info, Mapping) and info.get("via_router") else {"engine": info}
-        out = {}
-        for name, e in (engines or {}).items():
-            if isinstance(e, Mapping):
-                c = e.get("counters") or {}
-                out[str(name)] = {"steps": float(c.get("steps", 0)), "late_steps": float(c.get("late_steps", 0)),
-                                  "lateness_s": float(e.get("lateness_s", 0.0))}
-        return out
+        return sim_counters_of(info)
 
     async def send(self, req: DrawnRequest, prompt: str) -> Outcome:
         assert self._session is not None, "use the backend as 'async with'"
@@ -159,6 +152,19 @@ class OpenAIBackend:
             return fail("connection", f"{type(e).__name__}: {e}")
         except (ValueError, UnicodeDecodeError) as e:
             return fail("bad response", f"{type(e).__name__}: {e}")
+
+
+def sim_counters_of(info: Any) -> dict[str, dict[str, float]]:
+    """Engine name -> ``steps``, ``late_steps``, ``lateness_s`` from a ``/sim/info`` answer: an engine's
+    own (named ``engine``) or a router's, which lists its engines (``via_router``)."""
+    engines = info.get("engines") if isinstance(info, Mapping) and info.get("via_router") else {"engine": info}
+    out = {}
+    for name, e in (engines or {}).items():
+        if isinstance(e, Mapping):
+            c = e.get("counters") or {}
+            out[str(name)] = {"steps": float(c.get("steps", 0)), "late_steps": float(c.get("late_steps", 0)),
+                              "lateness_s": float(e.get("lateness_s", 0.0))}
+    return out
 
 
 def lateness_between(before: Mapping[str, Mapping[str, float]],

@@ -170,27 +170,33 @@ def measure_steps(buckets: Sequence[Bucket], *, burn_in: bool) -> list[tuple[Buc
     return steps + [(b, c, t, True) for b in buckets for c, t in b.points()]
 
 
-def sim_loop_counters(base_url: str) -> tuple[float, int] | None:
-    """``(lateness_s, steps)`` of a simulated engine's loop so far (``GET /sim/info``): the simulated
-    seconds it ran behind its deadlines, summed over its steps; ``None`` when it cannot be read."""
+def sim_loop_counters(base_url: str) -> dict[str, dict[str, float]] | None:
+    """A simulated engine's loop counters so far (``GET /sim/info``, :func:`tuning.drive.backend.sim_counters_of`):
+    its steps and the simulated seconds it ran behind its deadlines, summed over them; ``None`` when they
+    cannot be read."""
     import httpx
 
+    from tuning.drive.backend import sim_counters_of
+
     try:
-        info = httpx.get(base_url + "/sim/info", timeout=30).json()
-        return float(info["lateness_s"]), int(info["counters"]["steps"])
-    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return sim_counters_of(httpx.get(base_url + "/sim/info", timeout=30).json()) or None
+    except (httpx.HTTPError, ValueError):
         return None
 
 
-def sim_lag_share(before: tuple[float, int] | None, after: tuple[float, int] | None,
+def sim_lag_share(before: Mapping[str, Mapping[str, float]] | None, after: Mapping[str, Mapping[str, float]] | None,
                   duration_s: float | None) -> float | None:
     """How far behind its schedule a simulated engine ran during a measurement: its mean lag per step
-    (between two :func:`sim_loop_counters`) over the measurement's simulated duration; ``None`` without
-    both counters, steps or a duration. A lag of L shifts when tokens arrive by about L, so this is the
-    share by which the figure can be off (:data:`tuning.drive.summary.MAX_LAG_SHARE` bounds it)."""
-    if before is None or after is None or not duration_s or duration_s <= 0 or after[1] <= before[1]:
+    (:class:`tuning.drive.records.EngineLateness` between two :func:`sim_loop_counters`) over the
+    measurement's simulated duration; ``None`` without both counters, steps or a duration. A lag of L
+    shifts when tokens arrive by about L, so this is the share by which the figure can be off
+    (:data:`tuning.drive.summary.MAX_LAG_SHARE` bounds it)."""
+    from tuning.drive.backend import lateness_between
+
+    if before is None or after is None or not duration_s or duration_s <= 0:
         return None
-    return round(max(0.0, after[0] - before[0]) / (after[1] - before[1]) / duration_s, 6)
+    ran = [e for e in lateness_between(before, after) if e.steps > 0]
+    return round(max(max(0.0, e.mean_lag_s) for e in ran) / duration_s, 6) if ran else None
 
 
 def burn_in_until(steps: Sequence[tuple[Bucket, int, float, bool]], seconds: float, *,
