@@ -164,14 +164,18 @@ def traffic_line(table: RoutingTable, results: Any, spec: SweepSpec, traffic: An
     return line
 
 
+def _flagged(rows: Any, results: Any) -> tuple[int, str]:
+    """How many measurements ``results`` holds, and the labels of the configs among ``rows``."""
+    return int(results["status"].eq(STATUS_OK).sum()), ", ".join(sorted(rows["engine_label"].astype(str).unique()))
+
+
 def busy_host_line(results: Any) -> str | None:
     """A warning when real engines were measured on a host whose CPUs were busy (see
     :data:`tuning.results.BUSY_HOST_SHARE`): which configs, so they can be measured again on a quiet host."""
     busy = busy_host_rows(results)
     if busy.empty:
         return None
-    measured = int(results["status"].eq(STATUS_OK).sum())
-    labels = ", ".join(sorted(busy["engine_label"].astype(str).unique()))
+    measured, labels = _flagged(busy, results)
     return (f"host busy: {len(busy)} of {measured} measurements ran with the host's CPUs at least "
             f"{BUSY_HOST_SHARE:.0%} busy (up to {busy['host_cpu_busy_max'].max():.0%}; the column host_cpu_busy_max): "
             f"{labels}. A busy host slows a launch-bound engine by as much as configs differ; measure them again "
@@ -186,12 +190,12 @@ def behind_schedule_line(results: Any) -> str | None:
     late = behind_schedule_rows(results)
     if late.empty:
         return None
-    measured = int(results["status"].eq(STATUS_OK).sum())
-    labels = ", ".join(sorted(late["engine_label"].astype(str).unique()))
+    measured, labels = _flagged(late, results)
     return (f"behind schedule: {len(late)} of {measured} simulated measurements, measured again, still ran their "
             f"engine more than {MAX_LAG_SHARE:.0%} of the run behind its schedule (up to "
-            f"{late['sim_lag_share_max'].max():.1%}; the column sim_lag_share_max): {labels}. Their figures rank this host's load as much as the configs; "
-            "measure again with a lower --sim-time-scale or fewer --max-concurrent-trials")
+            f"{late['sim_lag_share_max'].max():.1%}; the column sim_lag_share_max): {labels}. Their figures rank "
+            "this host's load as much as the configs; measure again with a lower --sim-time-scale or fewer "
+            "--max-concurrent-trials")
 
 
 def _pct(v: float | None) -> str:
