@@ -151,15 +151,22 @@ def test_the_searcher_is_not_told_twice_about_a_trial_the_study_has_finished(tmp
     assert searcher.known == {"k": {"score": 1.0}}
 
 
+def _served(engine) -> float:
+    """Requests the simulated ``engine`` has served, by its own counter."""
+    import httpx
+
+    from orchestrator.serve.metrics import parse_prometheus_text
+
+    return parse_prometheus_text(httpx.get(engine.base_url + "/metrics", timeout=10).text)["sim_requests_total"]
+
+
 def test_the_burn_in_runs_the_first_bucket_once_more_unmeasured(tmp_path):
     """On real engines (``burn_in``) the first bucket's workload runs before anything is measured —
     once, or as a whole again until ``burn_in_s`` have passed: the engine serves it (its own request
     counter says so), the measurements do not include it. Without it, the same engine serves exactly
     the measured requests."""
-    import httpx
 
     from orchestrator.engine import EngineProcess
-    from orchestrator.serve.metrics import parse_prometheus_text
     from tuning.sweep.measure import measure_buckets
 
     cfg = EngineConfig(backend="sim", model="intern-s2-preview-8xh200", tp=8, extra_flags=("--startup-delay", "0"))
@@ -169,18 +176,15 @@ def test_the_burn_in_runs_the_first_bucket_once_more_unmeasured(tmp_path):
     try:
         engine.wait_until_ready()
 
-        def served() -> float:
-            return parse_prometheus_text(httpx.get(engine.base_url + "/metrics", timeout=10).text)["sim_requests_total"]
-
         deltas, took = {}, {}
         for burn_in, seconds in ((False, 0.0), (True, 0.0), (True, 3.0)):
-            before, measurements, t0 = served(), {}, time.monotonic()
+            before, measurements, t0 = _served(engine), {}, time.monotonic()
             plan = MeasurePlan(steady_state=None, request_timeout_s=60, burn_in=burn_in, burn_in_s=seconds,
                                sim_remeasure=0)  # every run once: the counts below are the burn-in's
             failure = measure_buckets(engine, cfg, buckets, plan, measurements=measurements)
             assert failure == "" and sorted(measurements) == [("le128", 8), ("le512", 8)]
             assert all(m["completed"] == 12 for m in measurements.values())
-            deltas[burn_in, seconds], took[burn_in, seconds] = served() - before, time.monotonic() - t0
+            deltas[burn_in, seconds], took[burn_in, seconds] = _served(engine) - before, time.monotonic() - t0
     finally:
         engine.stop()
     first = buckets[0].workload_at(8)
@@ -225,10 +229,7 @@ def test_repeats_run_in_rounds_each_under_its_own_guard(tmp_path):
     stop inside the last round's guard; every point carries both rounds' throughputs."""
     import contextlib
 
-    import httpx
-
     from orchestrator.engine import EngineProcess
-    from orchestrator.serve.metrics import parse_prometheus_text
     from tuning.sweep.measure import measure_buckets
 
     cfg = EngineConfig(backend="sim", model="intern-s2-preview-8xh200", tp=8, extra_flags=("--startup-delay", "0"))
@@ -236,16 +237,13 @@ def test_repeats_run_in_rounds_each_under_its_own_guard(tmp_path):
     engine = EngineProcess(cfg, log_dir=tmp_path, sim_time_scale=50.0)
     events: list[tuple[str, float]] = []
 
-    def served() -> float:
-        return parse_prometheus_text(httpx.get(engine.base_url + "/metrics", timeout=10).text)["sim_requests_total"]
-
     @contextlib.contextmanager
     def guard():
-        events.append(("enter", served()))
+        events.append(("enter", _served(engine)))
         try:
             yield
         finally:
-            events.append(("exit", served() if engine.is_alive() else -1.0))
+            events.append(("exit", _served(engine) if engine.is_alive() else -1.0))
 
     engine.start()
     try:
@@ -276,10 +274,7 @@ def test_a_simulated_run_whose_engine_fell_behind_is_measured_again(tmp_path):
     import signal
     import threading
 
-    import httpx
-
     from orchestrator.engine import EngineProcess
-    from orchestrator.serve.metrics import parse_prometheus_text
     from tuning.drive.summary import MAX_LAG_SHARE
     from tuning.sweep.measure import measure_buckets
 
@@ -290,22 +285,19 @@ def test_a_simulated_run_whose_engine_fell_behind_is_measured_again(tmp_path):
     try:
         engine.wait_until_ready()
 
-        def served() -> float:
-            return parse_prometheus_text(httpx.get(engine.base_url + "/metrics", timeout=10).text)["sim_requests_total"]
-
         def stall() -> None:
             time.sleep(1.0)
             os.kill(engine.pid, signal.SIGSTOP)
             time.sleep(1.0)
             os.kill(engine.pid, signal.SIGCONT)
 
-        before, measurements = served(), {}
+        before, measurements = _served(engine), {}
         staller = threading.Thread(target=stall, daemon=True)
         staller.start()
         plan = MeasurePlan(steady_state=None, request_timeout_s=60, sim_remeasure=3)
         failure = measure_buckets(engine, cfg, buckets, plan, measurements=measurements)
         staller.join()
-        delta = served() - before
+        delta = _served(engine) - before
     finally:
         os.kill(engine.pid, signal.SIGCONT)
         engine.stop()
