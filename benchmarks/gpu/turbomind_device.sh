@@ -4,7 +4,8 @@
 #   carry [".stage/t1"]: OUT=$OUT bash benchmarks/gpu/turbomind_device.sh t1
 #       installs part 1 (LMDeploy 0.18 WITH TurboMind's binary, the CUDA 12 runtime, the cuBLAS shim,
 #       fla), puts the libraries where the binary looks first, checks that it loads (the project's
-#       preflight), and starts training the test checkpoint /root/ckpt in the background (~4 min)
+#       preflight), and starts training the test checkpoint /root/ckpt in the background (~4 min; TRAIN_STEPS
+#       optimiser steps, 480 by default: the same weights in every lease)
 #   carry [".stage/t2"]: OUT=$OUT bash benchmarks/gpu/turbomind_device.sh t2
 #       installs part 2, runs tests/gpu/test_gpu_turbomind.py on an oracle checkpoint (pays LMDeploy's cold
 #       compile meanwhile training runs), waits for the trained weights, runs the tests again on them
@@ -98,7 +99,7 @@ case $STEP in
     # Training: a new session, so it outlives this call (the machine runs it until it goes back). The
     # staged Triton (3.6) makes FLA refuse Hopper, and finding that out costs a second pass over the data
     # (~2 min): the PyTorch gated delta rule from the start.
-    setsid nohup python3 -m tuning.checkpoint.train /root/ckpt --minutes "${TRAIN_MINUTES:-3}" --linear-kernel torch \
+    setsid nohup python3 -m tuning.checkpoint.train /root/ckpt --steps "${TRAIN_STEPS:-480}" --linear-kernel torch \
       > /root/tm/train.log 2>&1 < /dev/null &
     sleep 15; tail -n 3 /root/tm/train.log
     ;;

@@ -233,3 +233,30 @@ def test_oracle_prediction_accepts_everything(oracle_checkpoint: Path) -> None:
     pred = predict_acceptance(model, prompts, max_tokens=10, max_draft=3)
     for n in (1, 2, 3):
         assert pred["per_draft_tokens"][str(n)]["accept_length"] == pytest.approx(1 + n)
+
+
+@needs_transformers
+def test_a_fixed_number_of_steps_trains_the_same_weights_every_run(checkpoint: Path) -> None:
+    """``--steps``: the checkpoint of one seed is one model, however fast the machine (wall-time training
+    stops wherever the machine got to, so each lease measured another model). Another seed, other weights."""
+    from tuning.checkpoint.train import TrainConfig, load_model, train
+
+    data = torch.randint(20, 1000, (4_000,), generator=torch.Generator().manual_seed(0), dtype=torch.int64).int()
+
+    def trained(seed: int) -> tuple[dict[str, torch.Tensor], dict]:
+        model, _, _ = load_model(checkpoint)
+        model.train()
+        report = train(model, data, TrainConfig(steps=3, seq_len=16, batch_size=2, seed=seed), device="cpu",
+                       log=lambda _: None)
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}, report
+
+    first, report = trained(0)
+    again, _ = trained(0)
+    other, _ = trained(1)
+    assert report["steps"] == 3
+    assert all(torch.equal(first[k], again[k]) for k in first)
+    assert any(not torch.equal(first[k], other[k]) for k in first)
+    untrained, _, _ = load_model(checkpoint)
+    assert any(not torch.equal(first[k], v) for k, v in untrained.state_dict().items())
+    with pytest.raises(CheckpointError, match="steps=0"):
+        TrainConfig(steps=0)

@@ -1,9 +1,10 @@
 """Train a small Qwen3.5 and its MTP head together, then predict LMDeploy's MTP accept length.
 
     python -m tuning.checkpoint.train OUT_DIR --minutes 3 [--seed 0] [build options]
+    python -m tuning.checkpoint.train OUT_DIR --steps 480 [--seed 0]     # the same weights in every run
 
 Builds the checkpoint first when ``OUT_DIR/config.json`` is missing (see :mod:`tuning.checkpoint.build`),
-trains on local Python sources for ``--minutes`` of optimiser time, writes the trained bf16 weights
+trains on local Python sources for ``--minutes`` of optimiser time (or ``--steps`` steps), writes the trained bf16 weights
 back into ``OUT_DIR/model.safetensors`` and then writes ``OUT_DIR/mtp_expected.json``: the accept
 length that LMDeploy's greedy ``qwen3_5_mtp`` decoding should report for 1..4 draft tokens on
 held-out prompts that the file also contains.
@@ -82,10 +83,16 @@ class TrainConfig:
     mtp_depth2_weight: float = 0.5
     train_bytes: int = 64 << 20
     seed: int = 0
+    steps: int | None = None
+    """A fixed number of optimiser steps instead of ``minutes`` of wall time: the same seed then gives the
+    same checkpoint on any machine and in any lease (up to GPU nondeterminism), so measurements of "the test
+    checkpoint" in different leases measure one model. Wall time trains as far as the machine gets."""
 
     def __post_init__(self) -> None:
         if not 0 < self.minutes <= 120:
             raise CheckpointError(f"minutes={self.minutes}; allowed: (0, 120]")
+        if self.steps is not None and not 1 <= self.steps <= 1_000_000:
+            raise CheckpointError(f"steps={self.steps}; allowed: 1..1000000")
         if self.seq_len < 16 or self.batch_size < 1:
             raise CheckpointError("seq_len must be >= 16 and batch_size >= 1")
 
@@ -459,7 +466,8 @@ def held_out_prompts(tokenizer, texts: Sequence[str], *, count: int, length: int
 
 # ----- training --------------------------------------------------------------------------------------------
 def train(model, data, cfg: TrainConfig, *, device: str, log=print) -> dict[str, Any]:
-    """Optimise for ``cfg.minutes`` of wall time (warm-up, then cosine decay over the time budget)."""
+    """Optimise for ``cfg.steps`` steps, or without them for ``cfg.minutes`` of wall time (warm-up, then
+    cosine decay over the steps or the time budget)."""
     torch = _torch()
     gen = torch.Generator(device="cpu").manual_seed(cfg.seed)
     decay, no_decay = [], []
@@ -477,9 +485,9 @@ def train(model, data, cfg: TrainConfig, *, device: str, log=print) -> dict[str,
     n = data.numel() - cfg.seq_len - 1
     while True:
         elapsed = time.monotonic() - start
-        if elapsed >= budget:
+        if (step >= cfg.steps) if cfg.steps is not None else (elapsed >= budget):
             break
-        frac = elapsed / budget
+        frac = step / cfg.steps if cfg.steps is not None else elapsed / budget
         lr = cfg.peak_lr * min(1.0, (step + 1) / cfg.warmup_steps)
         lr *= cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac))
         for group in opt.param_groups:
@@ -528,7 +536,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(prog="python -m tuning.checkpoint.train", description=__doc__.split("\n\n")[0])
     ap.add_argument("out_dir", type=Path)
-    ap.add_argument("--minutes", type=float, default=3.0, help="optimiser wall time")
+    ap.add_argument("--minutes", type=float, default=3.0, help="optimiser wall time (without --steps)")
+    ap.add_argument("--steps", type=int, default=None, help="a fixed number of optimiser steps instead of --minutes: "
+                    "the same checkpoint from the same --seed in every run (an H200 makes ~165 steps a minute)")
     ap.add_argument("--batch-size", type=int, default=TrainConfig.batch_size)
     ap.add_argument("--seq-len", type=int, default=TrainConfig.seq_len)
     ap.add_argument("--lr", type=float, default=TrainConfig.peak_lr)
@@ -555,7 +565,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.monotonic()
     try:
         cfg = TrainConfig(minutes=a.minutes, seq_len=a.seq_len, batch_size=a.batch_size, peak_lr=a.lr,
-                          train_bytes=a.train_bytes, seed=a.seed)
+                          train_bytes=a.train_bytes, seed=a.seed, steps=a.steps)
         if not (a.out_dir / "config.json").exists():
             build_checkpoint(a.out_dir, shape_from_args(a), seed=a.seed, text_roots=a.text_root,
                              tokenizer_bytes=a.tokenizer_bytes)
