@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -76,6 +77,44 @@ def rows_of(measurement: Mapping[str, Any]) -> list[dict[str, Any]]:
     workload = measurement["workload"]
     fixed = {k: workload[k] for k in ("output_len", "concurrency") if isinstance(workload.get(k), int)}
     return [{**fixed, **row} for row in measurement["rows"]]
+
+
+def pooled(measurements: Sequence[Mapping[str, Any]]) -> tuple[WaveSetup, list[dict[str, Any]], dict[str, Any]]:
+    """Several runs of the same PyTorch engines and wave flags as one measurement: ``(setup, rows, engines)``,
+    each run's rounds numbered after the previous run's, so a cell's figure is the mean over every run's
+    rounds. Runs whose flags or engines differ are refused: they measure different things."""
+    setups = [setup_of(m) for m in measurements]
+    if len(set(setups)) != 1:
+        raise SystemExit(f"the measurements differ in wave setup {sorted({str(s) for s in setups})}; fit them apart")
+    engines: dict[str, Any] = {}
+    rows: list[dict[str, Any]] = []
+    for m in measurements:
+        for name, spec in m["engines"].items():
+            if spec["backend"] != "pytorch":
+                continue
+            seen = engines.setdefault(name, spec)
+            if (seen.get("num_draft_tokens") or 0) != (spec.get("num_draft_tokens") or 0):
+                raise SystemExit(f"engine {name!r} has different draft counts in the measurements")
+        own = rows_of(m)
+        offset = 1 + max((int(r["round"]) for r in rows), default=-1)
+        rows += [{**r, "round": offset + int(r["round"])} for r in own]
+    return setups[0], rows, engines
+
+
+def accept_between_runs(measurements: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """How far one cell's accept length moves between runs (each lease trains the checkpoint anew): per cell
+    measured in more than one run, the largest difference between the runs' means. None from one run."""
+    if len(measurements) < 2:
+        return None
+    per_run = [{c.name: c.accept_length for c in measured_cells(rows_of(m), m["engines"]) if c.accept_length}
+                for m in measurements]
+    diffs = {}
+    for name in sorted(set().union(*per_run)):
+        values = [run[name] for run in per_run if name in run]
+        if len(values) > 1:
+            diffs[name] = round(max(values) - min(values), 3)
+    return {"cells": len(diffs), "beyond_tolerance": sorted(n for n, d in diffs.items() if d > ACCEPT_TOLERANCE),
+            "max": max(diffs.values(), default=0.0), "by_cell": diffs}
 
 
 def cross_check(profile: Profile, path: Path) -> dict[str, Any]:
@@ -158,8 +197,15 @@ def measurement_facts(cells: Sequence[MeasuredCell]) -> dict[str, Any]:
         if c.num_draft_tokens == 4 and c.temperature == 0 and c.accept_lengths:
             lo, hi = mtp4_greedy_accept.get(c.concurrency, (math.inf, -math.inf))
             mtp4_greedy_accept[c.concurrency] = (min(lo, *c.accept_lengths), max(hi, *c.accept_lengths))
+    accept_by_load: dict[str, dict[int, list[float]]] = {}
+    for c in cells:
+        if c.accept_lengths:
+            accept_by_load.setdefault(f"{c.engine} T{c.temperature:g}", {}).setdefault(c.concurrency, []).extend(
+                c.accept_lengths)
     spreads = [c.throughput_half_spread for c in cells if c.throughput_half_spread is not None]
     return {"mtp_off_greedy_over_sampled": greedy_over_sampled,
+            "accept_length_by_concurrency": {k: {conc: round(statistics.fmean(v), 2) for conc, v in sorted(by.items())}
+                                             for k, by in sorted(accept_by_load.items())},
             "mtp4_greedy_accept_range_by_concurrency": {k: [round(v[0], 2), round(v[1], 2)]
                                                         for k, v in sorted(mtp4_greedy_accept.items())},
             "round_half_spread_range": [round(min(spreads), 3), round(max(spreads), 3)]}
@@ -174,6 +220,11 @@ def summarise(checks: Sequence[CellCheck]) -> dict[str, Any]:
             "spread_exceeds_tolerance": [ch.cell.name for ch in wide],
             "judgeable_cells": len(judgeable), "judgeable_throughput_pass": sum(ch.throughput_ok for ch in judgeable),
             "single_round": [ch.cell.name for ch in checks if len(ch.cell.throughputs) < 2],
+            "ci_exceeds_tolerance": [ch.cell.name for ch in checks if ch.ci_exceeds_tolerance],
+            "inside_ci_of_wide": sum(bool(ch.inside_ci) for ch in checks if ch.ci_exceeds_tolerance),
+            "firm_cells": sum(not ch.ci_exceeds_tolerance and ch.cell.throughput_ci is not None for ch in checks),
+            "firm_throughput_pass": sum(ch.throughput_ok for ch in checks
+                                        if not ch.ci_exceeds_tolerance and ch.cell.throughput_ci is not None),
             "wide_within_rounds": sum(ch.within_rounds for ch in wide),
             "max_abs_throughput_error": round(max(abs(ch.throughput_error) for ch in checks), 4),
             "max_abs_accept_error": round(max(abs(ch.accept_error) for ch in with_accept), 4) if with_accept else None}
@@ -228,7 +279,7 @@ def _pct(x: float | None) -> str:
 
 
 def _table(checks: Sequence[Mapping[str, Any]]) -> list[str]:
-    lines = ["| cell | measured tok/s per round | mean | rounds' ± | simulated | error | ±10 % | "
+    lines = ["| cell | measured tok/s per round | mean (95 % CI) | rounds' ± | simulated | error | ±10 % | "
              "measured accept length per round | simulated | diff | ±0.15 |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for ch in checks:
@@ -242,7 +293,9 @@ def _table(checks: Sequence[Mapping[str, Any]]) -> list[str]:
         sim_al = "—" if ch["sim_accept_length"] is None else f"{ch['sim_accept_length']:.2f}"
         diff = "—" if ch["accept_error"] is None else f"{ch['accept_error']:+.2f}"
         ok = {None: "—", True: "pass", False: "FAIL"}[ch["accept_ok"]]
-        lines.append(f"| {ch['cell']} | {rounds} | {ch['measured_throughput']:,.0f} | "
+        ci = ch.get("measured_ci")
+        mean = f"{ch['measured_throughput']:,.0f}" + (f" ({ci[0]:,.0f}–{ci[1]:,.0f})" if ci else "")
+        lines.append(f"| {ch['cell']} | {rounds} | {mean} | "
                      f"{_pct(ch['measured_half_spread'])} | {ch['sim_throughput']:,.0f} | {ch['throughput_error']:+.1%} | "
                      f"{verdict} | {accepts} | {sim_al} | {diff} | {ok} |")
     return lines
@@ -255,10 +308,10 @@ def _published_section(pub: Mapping[str, Any]) -> list[str]:
         "now stores {2:g}. These GPU "
         "measurements are the only evidence of the shape in the project; carrying the slope over assumes the "
         "published model's drafts lose acceptance with temperature on the logit scale as this 83M checkpoint's "
-        "do. How firmly the data fix the slope: 2.95 here, 3.22 with equal weights, 3.28 fitted earlier to one "
-        "MTP-3 run at concurrency 64 (the profile's previous notes). Its calibration workload with either slope "
+        "do. How firmly the data fix the slope: {3:g} here; on `gpu_engine_grid_h200_2026-12-01.json` 2.95, 3.22 with "
+        "equal weights, 3.28 fitted earlier to one MTP-3 run at concurrency 64 (the profile's previous notes). Its calibration workload with either slope "
         "(SIMULATED; MTP-3 over MTP off, accept length):".format(
-            pub["profile"], pub["previous_slope"], pub["stored_slope"]),
+            pub["profile"], pub["previous_slope"], pub["stored_slope"], pub["test_checkpoint_slope"]),
         "",
         "| output | T | previous slope: MTP-3/off | previous: accept length | test-checkpoint slope: MTP-3/off | "
         "test-checkpoint slope: accept length |",
@@ -273,6 +326,18 @@ def _published_section(pub: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _between_runs(between: Mapping[str, Any] | None) -> list[str]:
+    if not between:
+        return []
+    worst = sorted(between["by_cell"].items(), key=lambda kv: -kv[1])[:4]
+    return [f"- **Accept length between runs** (each run a fresh training of the same recipe): of "
+            f"{between['cells']} cells measured in more than one run, {len(between['beyond_tolerance'])} moved by more "
+            f"than ±{ACCEPT_TOLERANCE:g} between the runs' means (largest: "
+            + ", ".join(f"{name} {diff:.2f}" for name, diff in worst)
+            + "). A pooled cell's mean carries that difference; one fitted profile cannot be nearer to every run "
+            "than the runs are to each other."]
+
+
 def render_md(r: Mapping[str, Any]) -> str:
     held, fit = r["held_out_summary"], r["fit_summary"]
     diag = r.get("sampling_cost_diagnostic")
@@ -281,6 +346,12 @@ def render_md(r: Mapping[str, Any]) -> str:
     accept = "; ".join(f"{lo:.2f}-{hi:.2f} with {k} prompts"
                        for k, (lo, hi) in facts["mtp4_greedy_accept_range_by_concurrency"].items())
     lo_spread, hi_spread = facts["round_half_spread_range"]
+    runs = r.get("measurements") or [r["measurement"]]
+    lo_rounds, hi_rounds = r.get("rounds_per_cell") or (2, 2)
+    rounds_text = f"{lo_rounds} rounds" if lo_rounds == hi_rounds else f"{lo_rounds}-{hi_rounds} rounds"
+    below_one = sum(v < 1 for v in facts["mtp_off_greedy_over_sampled"].values())
+    by_load = "; ".join(f"{k}: " + ", ".join(f"{v:.2f} at c{c}" for c, v in levels.items())
+                        for k, levels in facts.get("accept_length_by_concurrency", {}).items())
     c64 = {}
     for label, sampled in (("greedy", False), ("sampled", True)):
         errors = [e["throughput_error"] for e in r["held_out"] if e["concurrency"] == 64 and (e["temperature"] > 0) == sampled]
@@ -290,16 +361,19 @@ def render_md(r: Mapping[str, Any]) -> str:
         "(SIMULATED vs GPU)",
         "",
         f"Command: `{r['command']}` ({r['date']}, {r['wall_s']:.0f} s on this 2-core machine; no GPU used).  ",
-        f"Measurement: `{r['measurement']}` (LMDeploy 0.18 PyTorch engine, trained 83M checkpoint, one H200). "
-        "Measured figure per cell: the **mean of the rounds** (two interleaved rounds, one wave each; a wave with a "
-        "failed request is left out, as in that file's summary, so some concurrency-256 cells have one round and "
-        "two have none). Simulated figure: the simulator's closed-loop benchmark "
+        f"Measurement: `{r['measurement']}` (LMDeploy 0.18 PyTorch engine, trained 83M checkpoint, one H200"
+        + (f"; {len(runs)} runs pooled, each a lease that trained the checkpoint anew" if len(runs) > 1 else "")
+        + "). Measured figure per cell: the **mean of the rounds** "
+        f"({rounds_text} per cell, interleaved between the engines, one wave each; a wave with a failed request is "
+        "left out, as in the measurement's own summary). Simulated figure: the simulator's closed-loop benchmark "
         "(`orchestrator.sim.scheduler.simulate_workload`, the scheduler the simulated server runs) on one wave of "
         "the cell's requests, fixed lengths, the engines' flags, seed 0, with the profile as stored.",
         "",
         f"**Split, fixed before fitting:** {r['split_rule']} FIT {r['fit_cells']} cells, HELD-OUT {r['held_out_cells']}.",
         "",
-        "**Fitted on the FIT half** (stored in the profile): " + ", ".join(f"`{k}` {v:g}" for k, v in r["fitted"].items())
+        "**Fitted on the FIT half** ("
+        + ("stored in the profile" if r.get("profile_written", True) else
+           "not stored in the profile, which keeps the fit of `sim_fit_test_ckpt_2026-12-01`") + "): " + ", ".join(f"`{k}` {v:g}" for k, v in r["fitted"].items())
         + f". Accept-length RMS on FIT {r['fit_accept_rms']:.3f} (weighted by requests per wave: a wave's accept "
         "length is a mean over its prompts, and the rounds of a cell repeat the same prompts), throughput log-RMS "
         f"on FIT {r['fit_throughput_log_rms']:.3f}. Held: " + ", ".join(f"`{k}` {v:g}" for k, v in r["held"].items())
@@ -307,7 +381,8 @@ def render_md(r: Mapping[str, Any]) -> str:
         "section and the published profile's TurboMind assumption derive from it; GPU efficiencies are a rounding "
         "error of this launch-bound step).",
         "",
-        "**Choices made after a first look at a fit (the split was not changed):** a first fit held all of the "
+        "**Choices made after a first look at a fit, when the profile was first fitted to "
+        "`gpu_engine_grid_h200_2026-12-01.json` (the split was not changed):** a first fit held all of the "
         "MTP-off step constants at the values fitted to `gpu_turbomind_h200_2026-12-01_plain.json` and weighted "
         "accept lengths equally; three of its four held-out MTP-off cells at concurrency 64 came out 26-36 % low (the grid's "
         "engine ran faster than that earlier run's), so the per-sequence and prefill overheads are fitted here; "
@@ -321,7 +396,11 @@ def render_md(r: Mapping[str, Any]) -> str:
         f"{held['max_abs_throughput_error']:.0%}). {len(held['spread_exceeds_tolerance'])} of them have rounds "
         "that differ by more than ±10 % from their mean, so the goal cannot be judged tighter than the measurement "
         f"there (the simulated figure lies inside their rounds in {held['wide_within_rounds']}); on the "
-        f"{held['judgeable_cells']} others: {held['judgeable_throughput_pass']} pass.",
+        f"{held['judgeable_cells']} others: {held['judgeable_throughput_pass']} pass."
+        + (f" By the 95 % interval of each cell's mean (which narrows with rounds, where the range widens): "
+           f"{len(held['ci_exceeds_tolerance'])} cells' intervals reach beyond ±10 % of their mean (the simulated "
+           f"figure lies inside the interval in {held['inside_ci_of_wide']}); of the {held['firm_cells']} cells whose "
+           f"interval lies within ±10 %, {held['firm_throughput_pass']} pass." if "firm_cells" in held else ""),
         f"- Accept length within ±0.15: **{held['accept_pass']} of {held['accept_cells']} MTP cells** (worst "
         f"{held['max_abs_accept_error']:.2f}).",
         f"- **Goal (±10 % throughput and ±0.15 accept length on held-out cells): "
@@ -338,14 +417,12 @@ def render_md(r: Mapping[str, Any]) -> str:
         "",
         "## Why it misses, and what the model would need",
         "",
-        f"- **Greedy waves at concurrency 64 are faster than the model's load line.** The greedy held-out cells "
-        f"at concurrency 64 (MTP off, MTP-2, MTP-4, both output lengths) are off by {c64['greedy']}, the sampled "
-        f"ones at 64 by {c64['sampled']}. The step is modelled as linear in the batch "
-        "(`decode_overhead_ms + decode_overhead_per_seq_ms x n`) plus chunked prefill, fitted through 8 and "
-        "256; the greedy engine at 64 ran faster than that line.",
+        f"- **Load.** The greedy held-out cells at concurrency 64 are off by {c64['greedy']}, the sampled ones by "
+        f"{c64['sampled']}. The step is modelled as linear in the batch "
+        "(`decode_overhead_ms + decode_overhead_per_seq_ms x n`) plus chunked prefill, fitted through 8 and 256.",
         "- **Is it a missing sampling cost?** The measured PyTorch engine without MTP, greedy over sampled "
-        f"throughput in the same engine start: {ratios}. Not a consistent cost of sampling (below 1 in one cell), "
-        "and where it is large (concurrency 64) it is held out.",
+        f"throughput (means of the rounds): {ratios}; below 1 in {below_one} of "
+        f"{len(facts['mtp_off_greedy_over_sampled'])} cells.",
     ]
     if diag:
         out.append(
@@ -354,14 +431,15 @@ def render_md(r: Mapping[str, Any]) -> str:
             f"comes out at a = {diag['fitted']['sampled_step_ms']:g}, b = {diag['fitted']['sampled_per_seq_ms']:g} "
             f"(FIT log-RMS {diag['fit_throughput_log_rms']:.3f}) and puts held-out throughput within ±10 % in "
             f"{diag['throughput_pass']} of {diag['cells']} cells: the FIT half gives no evidence for such a term, "
-            "so this data cannot say what the model needs beyond it; more rounds per cell come first.")
+            "so this data cannot say what the model needs beyond it.")
     out += [
-        "- **Accept length depends on the prompt set, which the model does not know.** A wave at concurrency c "
-        f"uses the first c prompts; measured MTP-4 at T 0, per wave: {accept}. "
-        "Most likely the measurement's prompt sample (the 8 prompts are the first 8 of the 64, which are the "
-        "first 64 of the 256; prompts of code fall into repetition loops at different rates); a load effect on "
-        "acceptance is not ruled out by this data. The model's acceptance depends on output position, "
-        "temperature and draft depth only. Fitting weights waves by their prompts, so the 8-prompt cells miss most.",
+        "- **Accept length moves with the wave's prompts or its load, which the model does not know.** A wave at "
+        f"concurrency c sends the first c prompts; measured MTP-4 at T 0, per wave: {accept}. Mean accept length "
+        f"by concurrency: {by_load}. The measurement cannot tell the prompt sample (the 8 prompts are the first 8 "
+        "of the 64, which are the first 64 of the 256) from load: both change together. The model's acceptance "
+        "depends on output position, temperature and draft depth only. Fitting weights waves by their prompts, so "
+        "the 8-prompt cells count least.",
+        *_between_runs(r.get("accept_between_runs")),
         f"- The measurement's own spread: the rounds lie within ±{lo_spread:.0%} to ±{hi_spread:.0%} of their mean, "
         "per cell; "
         f"single-round cells (no spread known): {', '.join(held['single_round'] + fit['single_round']) or 'none'}.",
@@ -369,14 +447,14 @@ def render_md(r: Mapping[str, Any]) -> str:
         "## Another run, never fitted to",
         "",
         f"`{r['cross_check']['measurement']}`: another device session (each lease trains `/root/ckpt` afresh, same "
-        "shape and recipe), "
-        "MTP off and MTP-3 (a draft count the grid lacks) at output 512, concurrency 64, max batch size "
-        f"{r['cross_check']['setup']['max_batch_size']}, two rounds. Throughput within ±10 % in "
+        f"shape and recipe), max batch size {r['cross_check']['setup']['max_batch_size']}. Throughput within ±10 % in "
         f"{r['cross_check']['summary']['throughput_pass']} of {r['cross_check']['summary']['cells']}, accept length "
-        f"within ±0.15 in {r['cross_check']['summary']['accept_pass']} of {r['cross_check']['summary']['accept_cells']}. "
-        "Its PyTorch engine ran slower than the grid's (the grid's own c64 rounds are faster than this run's), "
-        "which is the run-to-run variation a profile fitted to one session cannot carry; that run warmed up greedy "
-        "only, and its file calls its round-0 T 0.8 PyTorch figures probably low for it.",
+        f"within ±0.15 in {r['cross_check']['summary']['accept_pass']} of {r['cross_check']['summary']['accept_cells']}"
+        + (". MTP off and MTP-3 (a draft count the grid lacks) at output 512, concurrency 64, two rounds; its PyTorch "
+           "engine ran slower than the grid of 2026-12-01 (that grid's own c64 rounds are faster than this run's), "
+           "which is the run-to-run variation a profile fitted to one session cannot carry; that run warmed up greedy "
+           "only, and its file calls its round-0 T 0.8 PyTorch figures probably low for it."
+           if r["cross_check"]["measurement"] == _rel(CROSS_CHECK) else "."),
         "",
         *_table(r["cross_check"]["cells"]),
         "",
@@ -385,8 +463,9 @@ def render_md(r: Mapping[str, Any]) -> str:
         *_published_section(r["published_temperature_shape"]),
         "",
         "Regenerate: the command above (writes this file and the JSON beside it; `--write-profile` stores the "
-        "fit in `orchestrator/sim/profiles/qwen35-test-83m-1xh200.json`). `tests/unit/test_sim_fit_test_ckpt.py` "
-        "checks that the stored profile still reproduces every simulated figure here.",
+        "fit in `orchestrator/sim/profiles/qwen35-test-83m-1xh200.json`)."
+        + (" `tests/unit/test_sim_fit_test_ckpt.py` checks that the stored profile still reproduces every simulated "
+           "figure here." if r.get("profile_written", True) else ""),
     ]
     return "\n".join(out) + "\n"
 
@@ -394,7 +473,8 @@ def render_md(r: Mapping[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--measurement", type=Path, default=MEASUREMENT, help="measure_turbomind.py JSON (per-wave rows)")
+    ap.add_argument("--measurement", type=Path, nargs="+", default=[MEASUREMENT],
+                    help="measure_turbomind.py JSON (per-wave rows); several runs of the same engines are pooled")
     ap.add_argument("--profile", type=Path, default=PROFILE, help="profile JSON to start from (and to update)")
     ap.add_argument("--out-prefix", type=Path, default=OUT_PREFIX, help="writes PREFIX.json and PREFIX.md")
     ap.add_argument("--write-profile", action="store_true", help="store the fitted constants and notes in --profile")
@@ -403,9 +483,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-diagnostic", action="store_true", help="skip the sampling-cost diagnostic (~3 min)")
     args = ap.parse_args(argv)
     t0 = time.time()
-    measurement = json.loads(args.measurement.read_text())
-    setup = setup_of(measurement)
-    cells = measured_cells(rows_of(measurement), measurement["engines"])
+    measurements = [json.loads(path.read_text()) for path in args.measurement]
+    setup, rows, engines = pooled(measurements)
+    cells = measured_cells(rows, engines)
     fit = [c for c in cells if not c.held_out]
     held = [c for c in cells if c.held_out]
     print(f"{len(cells)} measured cells: FIT {len(fit)}, HELD-OUT {len(held)}  ({SPLIT_RULE})", flush=True)
@@ -428,7 +508,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "simulated": True,
         "command": " ".join(["python benchmarks/sim_fit_test_ckpt.py", *(sys.argv[1:] if argv is None else argv)]),
         "date": utc_now_iso(),
-        "measurement": _rel(args.measurement),
+        "measurement": " + ".join(_rel(path) for path in args.measurement),
+        "measurements": [_rel(path) for path in args.measurement],
+        "rounds_per_cell": [min(len(c.throughputs) for c in cells), max(len(c.throughputs) for c in cells)],
+        "accept_between_runs": accept_between_runs(measurements),
         "profile": base.name,
         "results_md": _rel(md_path),
         "split_rule": SPLIT_RULE,
@@ -445,6 +528,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "fit": [ch.to_dict() for ch in fit_checks],
         "fit_summary": summarise(fit_checks),
         "facts": measurement_facts(cells),
+        "profile_written": args.write_profile,
     }
     if not args.no_diagnostic:
         print("sampling-cost diagnostic ...", flush=True)

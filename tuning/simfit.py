@@ -24,6 +24,7 @@ from typing import Any
 from orchestrator.errors import OrchestratorError
 from orchestrator.sim.model import EngineParams, Profile, expected_accept_length
 from orchestrator.sim.scheduler import simulate_workload
+from tuning.stats import mean_confidence_interval
 
 __all__ = [
     "ACCEPT_TOLERANCE",
@@ -112,6 +113,15 @@ class MeasuredCell:
         if len(self.throughputs) < 2:
             return None
         return (max(self.throughputs) - min(self.throughputs)) / 2 / self.throughput
+
+    @property
+    def throughput_ci(self) -> tuple[float, float] | None:
+        """The 95 % t-interval of the mean of the rounds (None from one round). Unlike the rounds' range,
+        it narrows as rounds are added: whether a cell can be judged at ±10 % is a question of this."""
+        if len(self.throughputs) < 2:
+            return None
+        _, low, high = mean_confidence_interval(self.throughputs)
+        return low, high
 
     @property
     def accept_length(self) -> float | None:
@@ -281,6 +291,19 @@ class CellCheck:
         return half is not None and half > THROUGHPUT_TOLERANCE
 
     @property
+    def ci_exceeds_tolerance(self) -> bool:
+        """The 95 % interval of the measured mean reaches beyond ±10 % of it: the measurement itself cannot
+        place the cell's true figure within the bar, so neither verdict is firm there."""
+        ci = self.cell.throughput_ci
+        return ci is not None and max(self.cell.throughput - ci[0], ci[1] - self.cell.throughput) > \
+            THROUGHPUT_TOLERANCE * self.cell.throughput
+
+    @property
+    def inside_ci(self) -> bool | None:
+        ci = self.cell.throughput_ci
+        return None if ci is None else ci[0] <= self.sim_throughput <= ci[1]
+
+    @property
     def accept_error(self) -> float | None:
         if self.sim_accept_length is None or self.cell.accept_length is None:
             return None
@@ -299,6 +322,8 @@ class CellCheck:
                 "sim_throughput": round(self.sim_throughput, 1), "throughput_error": round(self.throughput_error, 4),
                 "throughput_ok": self.throughput_ok, "within_rounds": self.within_rounds,
                 "spread_exceeds_tolerance": self.spread_exceeds_tolerance,
+                "measured_ci": None if c.throughput_ci is None else [round(x, 1) for x in c.throughput_ci],
+                "ci_exceeds_tolerance": self.ci_exceeds_tolerance, "inside_ci": self.inside_ci,
                 "measured_accept_length": None if c.accept_length is None else round(c.accept_length, 4),
                 "measured_accept_half_spread": (None if c.accept_half_spread is None
                                                 else round(c.accept_half_spread, 4)),

@@ -92,3 +92,52 @@ def test_the_published_profile_takes_its_temperature_slope_from_this_fit_and_say
     published = load_profile(RESULT["published_temperature_shape"]["profile"])
     assert published.accept_temperature_slope == PROFILE.accept_temperature_slope == RESULT["fitted"]["accept_temperature_slope"]
     assert "sim_fit_test_ckpt_2026-12-01.md" in published.notes and RESULT["published_temperature_shape"]["t0_unchanged"]
+
+
+def test_a_cell_is_judged_by_the_interval_of_its_mean_which_narrows_with_rounds():
+    """Two rounds 1000 and 1200: the 95 % t-interval of the mean (1100 ± 12.71 x 100 / sqrt 2 x sqrt 2 =
+    ± 1270.6) is far wider than ±10 %, so a simulated 1300 (18 % off) is no firm miss; eight rounds of the
+    same spread place the mean within ±10 % and the same figure is a firm miss."""
+    from tuning.simfit import CellCheck, MeasuredCell
+
+    def cell(throughputs):
+        return MeasuredCell(engine="off", num_draft_tokens=0, output_len=128, concurrency=64, temperature=0.0,
+                            throughputs=tuple(throughputs), accept_lengths=(), excluded_waves=0)
+
+    two = CellCheck(cell([1000.0, 1200.0]), sim_throughput=1300.0, sim_accept_length=None)
+    low, high = two.cell.throughput_ci
+    assert (low + high) / 2 == pytest.approx(1100.0) and high - 1100.0 == pytest.approx(12.706 * 100.0, rel=1e-3)
+    assert two.ci_exceeds_tolerance and two.inside_ci and not two.throughput_ok
+    eight = CellCheck(cell([1000.0, 1200.0] * 4), sim_throughput=1300.0, sim_accept_length=None)
+    assert not eight.ci_exceeds_tolerance and eight.inside_ci is False and not eight.throughput_ok
+    one = CellCheck(cell([1000.0]), sim_throughput=1000.0, sim_accept_length=None)
+    assert one.cell.throughput_ci is None and one.inside_ci is None and not one.ci_exceeds_tolerance
+    assert two.to_dict()["measured_ci"] == [round(low, 1), round(high, 1)]
+
+
+def test_runs_of_the_same_engines_pool_round_after_round_and_their_accept_lengths_are_compared():
+    """``sim_fit_test_ckpt.py --measurement A B``: B's rounds follow A's in each cell, a run with other wave
+    flags is refused, and how far a cell's accept length moved between the runs is reported."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sim_fit_script", ROOT / "benchmarks" / "sim_fit_test_ckpt.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+
+    def run(throughputs, accepts, memory_fraction=0.1):
+        engine = {"backend": "pytorch", "num_draft_tokens": 2, "memory_fraction": memory_fraction,
+                  "max_batch_size": 64, "session_len": 4096, "max_prefill_tokens": 8192}
+        rows = [{"round": i, "engine": "mtp2", "output_len": 128, "concurrency": 64, "temperature": 0.0,
+                 "output_throughput": t, "accept_length": a, "failed": 0} for i, (t, a) in enumerate(zip(throughputs, accepts))]
+        return {"engines": {"mtp2": engine, "tm": {"backend": "turbomind"}}, "workload": {"input_len": 512}, "rows": rows}
+
+    a, b = run([100.0, 110.0], [2.0, 2.1]), run([90.0], [2.5])
+    setup, rows, engines = script.pooled([a, b])
+    assert setup.memory_fraction == 0.1 and set(engines) == {"mtp2"}
+    (cell,) = measured_cells(rows, engines)
+    assert cell.throughputs == (100.0, 110.0, 90.0) and [r["round"] for r in rows] == [0, 1, 2]
+    between = script.accept_between_runs([a, b])
+    assert between["by_cell"] == {"mtp2 o128 c64 T0": pytest.approx(0.45)} and between["beyond_tolerance"] == ["mtp2 o128 c64 T0"]
+    assert script.accept_between_runs([a]) is None
+    with pytest.raises(SystemExit, match="wave setup"):
+        script.pooled([a, run([1.0], [2.0], memory_fraction=0.5)])
