@@ -149,9 +149,10 @@ def _draft_tokens(engine: str, engines: Mapping[str, Mapping[str, Any]]) -> int:
 
 def measured_cells(rows: Iterable[Mapping[str, Any]], engines: Mapping[str, Mapping[str, Any]], *,
                    backend: str = "pytorch") -> list[MeasuredCell]:
-    """The cells of one engine backend from per-wave rows; a wave with a failed request is left out (as
-    the measurement's own summary does: its throughput counts a missing request's time). Cells left with
-    no wave are dropped."""
+    """The cells of one engine backend from per-wave rows, one figure per round: the mean of its waves
+    (``measure_turbomind.py --waves``; waves of one engine start are not independent rounds). A wave with
+    a failed request is left out (as the measurement's own summary does: its throughput counts a missing
+    request's time). Cells left with no wave are dropped."""
     waves: dict[tuple, list[Mapping[str, Any]]] = defaultdict(list)
     for row in rows:
         spec = engines.get(row["engine"], {})
@@ -161,15 +162,21 @@ def measured_cells(rows: Iterable[Mapping[str, Any]], engines: Mapping[str, Mapp
         waves[key].append(row)
     cells = []
     for (engine, output_len, concurrency, temperature), group in sorted(waves.items()):
-        ok = [r for r in sorted(group, key=lambda r: r["round"]) if not r.get("failed")]
-        if not ok:
+        rounds: dict[int, list[Mapping[str, Any]]] = defaultdict(list)
+        for r in group:
+            if not r.get("failed"):
+                rounds[int(r["round"])].append(r)
+        if not rounds:
             continue
         n_draft = _draft_tokens(engine, engines)
+        ok = [rounds[k] for k in sorted(rounds)]  # a round's figure: the mean of its waves
+        accepts = [[float(r["accept_length"]) for r in waves if r.get("accept_length")] for waves in ok]
         cells.append(MeasuredCell(
             engine=engine, num_draft_tokens=n_draft, output_len=output_len, concurrency=concurrency,
-            temperature=temperature, throughputs=tuple(float(r["output_throughput"]) for r in ok),
-            accept_lengths=tuple(float(r["accept_length"]) for r in ok if n_draft and r.get("accept_length")),
-            excluded_waves=len(group) - len(ok)))
+            temperature=temperature,
+            throughputs=tuple(statistics.fmean(float(r["output_throughput"]) for r in waves) for waves in ok),
+            accept_lengths=tuple(statistics.fmean(a) for a in accepts if n_draft and a),
+            excluded_waves=len(group) - sum(len(waves) for waves in ok)))
     if not cells:
         raise SimFitError(f"no wave of a {backend!r} engine without failures in the measurement")
     return cells

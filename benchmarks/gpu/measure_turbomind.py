@@ -9,8 +9,10 @@ How: one engine on the GPU at a time. Each engine is started, sent one unmeasure
 temperature at the largest concurrency (warm-up: kernels, CUDA graphs, allocator; the first sampled
 wave after a start was seen to pay a one-time cost when the warm-up was greedy only), then one
 measured wave per (concurrency, temperature) cell: the same requests for every engine (same seed,
-fixed lengths). Two rounds, the second in reverse order (ABC, CBA), so a drift of the machine touches
-every engine alike; the engine at the turn stays up across it. Every figure is kept per round, with
+fixed lengths). ``--waves N`` measures N waves per cell per engine start, cycling through the cells,
+wave k with the prompts of seed k: a wave costs seconds where an engine start costs a minute or two,
+and a low-concurrency cell then sees N prompt samples; a round's figure is the mean of its waves.
+Two rounds, the second in reverse order (ABC, CBA), so a drift of the machine touches every engine alike; the engine at the turn stays up across it. Every figure is kept per round, with
 its mean and spread ((max - min) / mean). Without MTP the work does not depend on the weights (fixed
 lengths, dense model), so an oracle checkpoint of the same shape measures the plain engines as well.
 
@@ -37,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-__all__ = ["counted_rows", "engine_configs", "pooled", "render_markdown", "summarize"]
+__all__ = ["counted_rows", "engine_configs", "per_round", "pooled", "render_markdown", "summarize"]
 
 ENGINES = ("turbomind", "pytorch-mtp-off", "pytorch-mtp3")
 """The default comparison; ``--engines`` takes any ``pytorch-mtpN`` (N draft tokens)."""
@@ -76,7 +78,7 @@ tokens all decoded to empty text: the engine had made them (fixed-length waves, 
 
 
 def counted_rows(rows: list[dict[str, Any]], *, admit_unrecorded: bool = False) -> list[dict[str, Any]]:
-    """The waves a summary counts, one per (run, round, engine, cell): the first that lost no request;
+    """The waves a summary counts, one per (run, round, wave, engine, cell): the first that lost no request;
     failing that, the first whose only losses were requests of empty text (:data:`EMPTY_TEXT`), its
     throughput scaled by (completed + lost) / completed for the tokens the client did not count, and
     ``admitted`` says why ("empty text"). ``admit_unrecorded`` treats losses without a recorded reason
@@ -86,8 +88,8 @@ def counted_rows(rows: list[dict[str, Any]], *, admit_unrecorded: bool = False) 
     for r in rows:
         if not r.get("output_throughput"):
             continue
-        key = (r.get("run", 0), r["round"], r["engine"], r.get("output_len", 512), r.get("concurrency", 64),
-               r["temperature"])
+        key = (r.get("run", 0), r["round"], r.get("wave", 0), r["engine"], r.get("output_len", 512),
+               r.get("concurrency", 64), r["temperature"])
         lost = r.get("failed") or 0
         reasons = r.get("failure_reasons")
         if lost == 0:
@@ -99,6 +101,26 @@ def counted_rows(rows: list[dict[str, Any]], *, admit_unrecorded: bool = False) 
             best[key] = r | {"output_throughput": r["output_throughput"] * scale,
                              "admitted": "empty text" if reasons else "unrecorded"}
     return list(best.values())
+
+
+def per_round(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (run, round, engine, cell), ordered by run and round: the mean throughput and accept
+    length of that round's waves, ``waves`` how many, ``admitted`` the first admitted wave's reason. Waves of
+    one engine start share its state, so a cell's spread and interval are taken over rounds, each the mean
+    of its waves, not over waves as if each were a start of its own."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        key = (r.get("run", 0), r["round"], r["engine"], r.get("output_len", 512), r.get("concurrency", 64),
+               r["temperature"])
+        groups.setdefault(key, []).append(r)
+    out = []
+    for key in sorted(groups, key=lambda k: (k[0], k[1])):
+        rs = groups[key]
+        accepts = [r["accept_length"] for r in rs if r.get("accept_length")]
+        out.append(rs[0] | {"output_throughput": sum(r["output_throughput"] for r in rs) / len(rs),
+                            "accept_length": sum(accepts) / len(accepts) if accepts else None, "waves": len(rs),
+                            "admitted": next((r["admitted"] for r in rs if r.get("admitted")), None)})
+    return out
 
 
 def pooled(results: list[dict[str, Any]], *, admit_unrecorded: bool = False) -> dict[str, Any]:
@@ -134,13 +156,14 @@ def _as_list(x: Any) -> list[Any]:
 
 
 def summarize(rows: list[dict[str, Any]], *, admit_unrecorded: bool = False) -> dict[str, Any]:
-    """Per (engine, output length, concurrency, temperature): throughputs per round (of every run),
-    mean, 95 % interval, spread; and each engine's mean over the PyTorch engine without MTP in the same
-    cell, with the range the per-round extremes allow. Waves as :func:`counted_rows` picks them."""
+    """Per (engine, output length, concurrency, temperature): throughputs per round (of every run; a
+    round's figure is the mean of its waves, see ``--waves``), mean, 95 % interval over the rounds, spread;
+    and each engine's mean over the PyTorch engine without MTP in the same cell, with the range the
+    per-round extremes allow. Waves as :func:`counted_rows` picks them."""
     from tuning.stats import mean_confidence_interval
 
     groups: dict[tuple[str, int, int, float], list[dict[str, Any]]] = {}
-    for r in sorted(counted_rows(rows, admit_unrecorded=admit_unrecorded), key=lambda r: (r.get("run", 0), r["round"])):
+    for r in per_round(counted_rows(rows, admit_unrecorded=admit_unrecorded)):
         groups.setdefault((r["engine"], r.get("output_len", 512), r.get("concurrency", 64), r["temperature"]),
                           []).append(r)
     out: dict[str, Any] = {}
@@ -156,6 +179,7 @@ def summarize(rows: list[dict[str, Any]], *, admit_unrecorded: bool = False) -> 
             "spread": round((max(vals) - min(vals)) / mean, 4),
             "accept_length": [round(a, 3) for a in accept] or None,
             "admitted": [r.get("admitted") for r in rs],
+            "waves": [r.get("waves", 1) for r in rs],
         }
     for s in out.values():
         base = out.get(_key("pytorch-mtp-off", s["output_len"], s["concurrency"], s["temperature"]))
@@ -188,8 +212,10 @@ def render_markdown(res: dict[str, Any]) -> str:
               f"Host: {json.dumps(res.get('host', {}))}  ",
               f"Checkpoint: `{res['ckpt']}`; workload: concurrency {', '.join(map(str, concs))}, one wave of as many "
               f"requests as the concurrency (`num_prompts` {w.get('num_prompts') or 'per concurrency'}), input "
-              f"{w['input_len']} / output {w['output_len']} tokens (fixed, ignore_eos), one measured wave per cell per "
-              f"round, after {res.get('warmup', 'one unmeasured full-length wave per temperature')} per engine start.",
+              f"{w['input_len']} / output {w['output_len']} tokens (fixed, ignore_eos), "
+              + (f"{w['waves']} measured waves per cell per round (wave k with the prompts of seed k; a round's figure "
+                 "is the mean of its waves)" if w.get("waves", 1) > 1 else "one measured wave per cell per round")
+              + f", after {res.get('warmup', 'one unmeasured full-length wave per temperature')} per engine start.",
               "", "| engine | output | concurrency | T | output tok/s per round | mean (95 % CI) | spread "
               "| vs PyTorch MTP off (mean; range) | accept length |",
               "|---|---|---|---|---|---|---|---|---|"]
@@ -231,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", default="64", help="comma-separated concurrencies (one cell each)")
     p.add_argument("--num-prompts", type=int, default=None, help="requests per measured cell (default: one wave, "
                    "as many as the concurrency)")
+    p.add_argument("--waves", type=int, default=1, help="measured waves per cell per engine start, cycling through "
+                   "the cells; wave k sends the random prompts of seed k (more prompts per cell at low concurrency, and "
+                   "a round's figure is the mean of its waves: a wave costs seconds, an engine start a minute or two)")
     p.add_argument("--engines", default=",".join(ENGINES), help=f"a subset of {','.join(ENGINES)} "
                    "(MTP's draft count from --draft-tokens)")
     p.add_argument("--input-len", type=int, default=512)
@@ -248,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.out is None:
         p.error("--out is required (or --render)")
+    if a.waves < 1:
+        p.error(f"--waves {a.waves}: at least 1")
 
     from orchestrator.engine import EngineProcess
     from orchestrator.hostinfo import measured_on
@@ -271,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["python", "benchmarks/gpu/measure_turbomind.py", *(argv if argv is not None else sys.argv[1:])]),
         "simulated": a.sim, "ckpt": a.ckpt, "rounds": a.rounds, "order": order,
         "workload": {"concurrency": concs, "num_prompts": a.num_prompts, "input_len": a.input_len,
-                     "output_len": olens, "temperatures": temps},
+                     "output_len": olens, "temperatures": temps, "waves": a.waves},
         "warmup": f"one unmeasured wave of {max(olens)}-token outputs at concurrency {min(max(concs), 64)} per temperature",
         "engines": {n: c.to_dict() for n, c in configs.items()}, "host": measured_on(),
         "versions": _versions(), "starts": [], "rows": [], "summary": {}, "notes": [],
@@ -286,10 +317,10 @@ def main(argv: list[str] | None = None) -> int:
         res["elapsed_s"] = round(time.monotonic() - t0, 1)
         out_json.write_text(json.dumps(res, indent=1))
 
-    def workload(temp: float, conc: int, olen: int, warmup: bool = False) -> Workload:
+    def workload(temp: float, conc: int, olen: int, warmup: bool = False, wave: int = 0) -> Workload:
         return Workload(dataset="random", input_len=a.input_len, output_len=olen, range_ratio=1.0,
-                        num_prompts=a.num_prompts or conc, max_concurrency=conc, temperature=temp, seed=0,
-                        ignore_eos=True, name="warmup" if warmup else f"o{olen}-c{conc}-T{temp:g}")
+                        num_prompts=a.num_prompts or conc, max_concurrency=conc, temperature=temp, seed=wave,
+                        ignore_eos=True, name="warmup" if warmup else f"o{olen}-c{conc}-T{temp:g}-w{wave}")
 
     running: tuple[str, Any] | None = None
     try:
@@ -315,11 +346,13 @@ def main(argv: list[str] | None = None) -> int:
                         benchmark(eng.base_url, workload(temp, min(max(concs), 64), max(olens), warmup=True),
                                   tokenizer=tokenizer, request_timeout_s=600)
                 eng = running[1]
-                for olen, conc, temp in [(o, c, t) for o in olens for c in concs for t in temps]:
+                for wave, olen, conc, temp in [(w, o, c, t) for w in range(a.waves) for o in olens for c in concs
+                                               for t in temps]:
                     for attempt in range(1 + a.retries):
-                        r = benchmark(eng.base_url, workload(temp, conc, olen), tokenizer=tokenizer,
+                        r = benchmark(eng.base_url, workload(temp, conc, olen, wave=wave), tokenizer=tokenizer,
                                       engine_config=configs[name], request_timeout_s=600).to_dict()
-                        row = {"round": rnd, "engine": name, "output_len": olen, "concurrency": conc,
+                        row = {"round": rnd, "wave": wave, "prompt_seed": (r.get("workload") or {}).get("seed"),
+                               "engine": name, "output_len": olen, "concurrency": conc,
                                "temperature": temp, "attempt": attempt,
                                "output_throughput": r.get("output_throughput"), "duration_s": r.get("duration_s"),
                                "completed": r.get("completed"), "failed": r.get("failed"),
@@ -329,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
                                "tpot_ms_median": (r.get("tpot_ms") or {}).get("median"),
                                "at_s": round(time.monotonic() - t0, 1)}
                         res["rows"].append(row)
-                        log(f"round {rnd} {name} o={olen} c={conc} T={temp:g}: {row['output_throughput'] or 0:,.0f} tok/s "
+                        log(f"round {rnd} wave {wave} {name} o={olen} c={conc} T={temp:g}: {row['output_throughput'] or 0:,.0f} tok/s "
                             f"in {row['duration_s'] or 0:.1f} s, accept {row['accept_length']}"
                             + (f", {row['failed']} failed: {row['failure_reasons']}" if row["failed"] else ""))
                         save()

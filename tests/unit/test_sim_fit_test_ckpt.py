@@ -141,3 +141,15 @@ def test_runs_of_the_same_engines_pool_round_after_round_and_their_accept_length
     assert script.accept_between_runs([a]) is None
     with pytest.raises(SystemExit, match="wave setup"):
         script.pooled([a, run([1.0], [2.0], memory_fraction=0.5)])
+
+
+def test_a_rounds_waves_make_one_figure_their_mean():
+    """``measure_turbomind.py --waves``: the waves of one engine start are one round, not several."""
+    engines = {"mtp2": {"backend": "pytorch", "num_draft_tokens": 2}}
+    row = {"engine": "mtp2", "output_len": 128, "concurrency": 8, "temperature": 0.8, "failed": 0}
+    (cell,) = measured_cells([{**row, "round": 0, "wave": 0, "output_throughput": 100.0, "accept_length": 1.8},
+                              {**row, "round": 0, "wave": 1, "output_throughput": 200.0, "accept_length": 2.0},
+                              {**row, "round": 0, "wave": 2, "output_throughput": 5.0, "accept_length": 9.0, "failed": 1},
+                              {**row, "round": 1, "wave": 0, "output_throughput": 120.0, "accept_length": 1.7}], engines)
+    assert cell.throughputs == (150.0, 120.0) and cell.accept_lengths == pytest.approx((1.9, 1.7))
+    assert cell.excluded_waves == 1
