@@ -18,7 +18,9 @@
 #       128, concurrency 8, 64, 256, temperature 0 and 0.8, two rounds (no engine starts after DEADLINE_S);
 #       GRID_CONC=256 / GRID_ROUNDS=3 / GRID_SAMPLING=0 (skip the sampling test) /
 #       GRID_ENGINES=pytorch-mtp-off,pytorch-mtp2,pytorch-mtp4 (the simulator fit's engines) / GRID_WAVES=3
-#       (measured waves per cell per engine start) narrow or widen it
+#       (measured waves per cell per engine start) / GRID_OUTPUT=512 narrow or widen it. The simulator fit's next
+#       grid in one lease (~19 min after t1): GRID_ENGINES=pytorch-mtp-off,pytorch-mtp2,pytorch-mtp4 GRID_ROUNDS=3
+#       GRID_WAVES=3 GRID_OUTPUT=512 GRID_SAMPLING=0 ... grid 1000
 #   then, until it says done:  OUT=$OUT bash benchmarks/gpu/turbomind_device.sh collect
 #   (every *collect step waits for the job up to WAIT_S s (device_env.sh), holding the machine: call it again at once,
 #   within 30 s, or the machine goes back and the detached job dies with it)
@@ -153,7 +155,7 @@ case $STEP in
         tests/gpu/test_gpu_sampling.py -v -s -p no:cacheprovider -o cache_dir=/tmp/pc > /root/tm/grid/sampling.log 2>&1;
       python3 benchmarks/gpu/measure_turbomind.py --ckpt /root/ckpt --out /root/tm/grid/measure \
         --engines ${GRID_ENGINES:-turbomind,pytorch-mtp-off,pytorch-mtp2,pytorch-mtp4} --concurrency ${GRID_CONC:-8,64,256} \
-        --output-len 512,128 --temperatures 0,0.8 --rounds ${GRID_ROUNDS:-2} --waves ${GRID_WAVES:-1} --deadline-s ${2:-900} \
+        --output-len ${GRID_OUTPUT:-512,128} --temperatures 0,0.8 --rounds ${GRID_ROUNDS:-2} --waves ${GRID_WAVES:-1} --deadline-s ${2:-900} \
         > /root/tm/grid/measure.log 2>&1;
       touch /root/tm/grid/done" > /root/tm/grid/job.log 2>&1 < /dev/null &
     sleep 5; echo "grid started"
