@@ -19,8 +19,9 @@
 #       GRID_CONC=256 / GRID_ROUNDS=3 / GRID_SAMPLING=0 (skip the sampling test) /
 #       GRID_ENGINES=pytorch-mtp-off,pytorch-mtp2,pytorch-mtp4 (the simulator fit's engines) / GRID_WAVES=3
 #       (measured waves per cell per engine start) / GRID_OUTPUT=512 narrow or widen it. The simulator fit's next
-#       grid in one lease (~19 min after t1): GRID_ENGINES=pytorch-mtp-off,pytorch-mtp2,pytorch-mtp4 GRID_ROUNDS=3
-#       GRID_WAVES=3 GRID_OUTPUT=512 GRID_SAMPLING=0 ... grid 1000
+#       grid, ~18 min after t1 per lease, in two leases (the same checkpoint in both; the fit pools the runs):
+#       GRID_ENGINES=pytorch-mtp-off,pytorch-mtp2,pytorch-mtp4 GRID_ROUNDS=2 GRID_WAVES=3 GRID_SAMPLING=0 ... grid 1000
+#       (both output lengths: with one, the fit cannot tell prefill cost from per-sequence decode cost)
 #   then, until it says done:  OUT=$OUT bash benchmarks/gpu/turbomind_device.sh collect
 #   (every *collect step waits for the job up to WAIT_S s (device_env.sh), holding the machine: call it again at once,
 #   within 30 s, or the machine goes back and the detached job dies with it)
