@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import sys
 import time
@@ -41,6 +42,7 @@ from tuning.simfit import (  # noqa: E402
     WaveSetup,
     check_cells,
     coordinate_search,
+    mean_per_round,
     fit_acceptance,
     fit_step_overheads,
     measured_cells,
@@ -81,23 +83,22 @@ def rows_of(measurement: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def pooled(measurements: Sequence[Mapping[str, Any]]) -> tuple[WaveSetup, list[dict[str, Any]], dict[str, Any]]:
     """Several runs of the same PyTorch engines and wave flags as one measurement: ``(setup, rows, engines)``,
-    each run's rounds numbered after the previous run's, so a cell's figure is the mean over every run's
-    rounds. Runs whose flags or engines differ are refused: they measure different things."""
+    each row tagged with its ``run`` (as ``measure_turbomind.py --render`` pools runs), so a cell's figure is
+    the mean over every run's rounds. Runs whose flags or engines differ are refused: they measure different
+    things."""
     setups = [setup_of(m) for m in measurements]
     if len(set(setups)) != 1:
         raise SystemExit(f"the measurements differ in wave setup {sorted({str(s) for s in setups})}; fit them apart")
     engines: dict[str, Any] = {}
     rows: list[dict[str, Any]] = []
-    for m in measurements:
+    for run, m in enumerate(measurements):
         for name, spec in m["engines"].items():
             if spec["backend"] != "pytorch":
                 continue
             seen = engines.setdefault(name, spec)
             if (seen.get("num_draft_tokens") or 0) != (spec.get("num_draft_tokens") or 0):
                 raise SystemExit(f"engine {name!r} has different draft counts in the measurements")
-        own = rows_of(m)
-        offset = 1 + max((int(r["round"]) for r in rows), default=-1)
-        rows += [{**r, "round": offset + int(r["round"])} for r in own]
+        rows += [{**r, "run": run} for r in rows_of(m)]
     return setups[0], rows, engines
 
 
@@ -114,7 +115,14 @@ def accept_between_runs(measurements: Sequence[Mapping[str, Any]]) -> dict[str, 
         if len(values) > 1:
             diffs[name] = round(max(values) - min(values), 3)
     return {"cells": len(diffs), "beyond_tolerance": sorted(n for n, d in diffs.items() if d > ACCEPT_TOLERANCE),
+            "no_profile_within_both": sorted(n for n, d in diffs.items() if d > 2 * ACCEPT_TOLERANCE),
             "max": max(diffs.values(), default=0.0), "by_cell": diffs}
+
+
+def stored_fit(profile: Profile) -> str | None:
+    """Which fit result the profile holds, as its notes name it (``sim_fit_test_ckpt_<date>[_tag].md``)."""
+    found = re.search(r"sim_fit_test_ckpt_[0-9-]+(?:_[a-z]+)?(?=\.md)", profile.notes or "")
+    return found.group(0) if found else None
 
 
 def cross_check(profile: Profile, path: Path) -> dict[str, Any]:
@@ -220,11 +228,7 @@ def summarise(checks: Sequence[CellCheck]) -> dict[str, Any]:
             "spread_exceeds_tolerance": [ch.cell.name for ch in wide],
             "judgeable_cells": len(judgeable), "judgeable_throughput_pass": sum(ch.throughput_ok for ch in judgeable),
             "single_round": [ch.cell.name for ch in checks if len(ch.cell.throughputs) < 2],
-            "ci_exceeds_tolerance": [ch.cell.name for ch in checks if ch.ci_exceeds_tolerance],
-            "inside_ci_of_wide": sum(bool(ch.inside_ci) for ch in checks if ch.ci_exceeds_tolerance),
-            "firm_cells": sum(not ch.ci_exceeds_tolerance and ch.cell.throughput_ci is not None for ch in checks),
-            "firm_throughput_pass": sum(ch.throughput_ok for ch in checks
-                                        if not ch.ci_exceeds_tolerance and ch.cell.throughput_ci is not None),
+            "by_interval": {v: sum(ch.throughput_verdict == v for ch in checks) for v in ("pass", "fail", "undecided")},
             "wide_within_rounds": sum(ch.within_rounds for ch in wide),
             "max_abs_throughput_error": round(max(abs(ch.throughput_error) for ch in checks), 4),
             "max_abs_accept_error": round(max(abs(ch.accept_error) for ch in with_accept), 4) if with_accept else None}
@@ -289,12 +293,14 @@ def _table(checks: Sequence[Mapping[str, Any]]) -> list[str]:
         verdict = "pass" if ch["throughput_ok"] else "FAIL"
         if ch["spread_exceeds_tolerance"]:
             verdict += " (rounds wider than ±10 %; " + ("inside" if ch["within_rounds"] else "outside") + " them)"
+        if ch.get("throughput_verdict"):
+            verdict += f"; by the interval: {ch['throughput_verdict']}"
         accepts = ", ".join(f"{a:.2f}" for a in ch["accept_lengths"]) or "—"
         sim_al = "—" if ch["sim_accept_length"] is None else f"{ch['sim_accept_length']:.2f}"
         diff = "—" if ch["accept_error"] is None else f"{ch['accept_error']:+.2f}"
         ok = {None: "—", True: "pass", False: "FAIL"}[ch["accept_ok"]]
         ci = ch.get("measured_ci")
-        mean = f"{ch['measured_throughput']:,.0f}" + (f" ({ci[0]:,.0f}–{ci[1]:,.0f})" if ci else "")
+        mean = f"{ch['measured_throughput']:,.0f}" + (f" ({max(ci[0], 0):,.0f}–{ci[1]:,.0f})" if ci else "")
         lines.append(f"| {ch['cell']} | {rounds} | {mean} | "
                      f"{_pct(ch['measured_half_spread'])} | {ch['sim_throughput']:,.0f} | {ch['throughput_error']:+.1%} | "
                      f"{verdict} | {accepts} | {sim_al} | {diff} | {ok} |")
@@ -334,8 +340,8 @@ def _between_runs(between: Mapping[str, Any] | None) -> list[str]:
             f"{between['cells']} cells measured in more than one run, {len(between['beyond_tolerance'])} moved by more "
             f"than ±{ACCEPT_TOLERANCE:g} between the runs' means (largest: "
             + ", ".join(f"{name} {diff:.2f}" for name, diff in worst)
-            + "). A pooled cell's mean carries that difference; one fitted profile cannot be nearer to every run "
-            "than the runs are to each other."]
+            + f"); in {len(between['no_profile_within_both'])} the runs lie more than ±{2 * ACCEPT_TOLERANCE:g} apart, "
+            f"so no profile is within ±{ACCEPT_TOLERANCE:g} of every run there (the pooled mean it can still meet)."]
 
 
 def render_md(r: Mapping[str, Any]) -> str:
@@ -347,7 +353,11 @@ def render_md(r: Mapping[str, Any]) -> str:
                        for k, (lo, hi) in facts["mtp4_greedy_accept_range_by_concurrency"].items())
     lo_spread, hi_spread = facts["round_half_spread_range"]
     runs = r.get("measurements") or [r["measurement"]]
-    lo_rounds, hi_rounds = r.get("rounds_per_cell") or (2, 2)
+    counts = [len(e["throughputs"]) for e in (*r["held_out"], *r["fit"])]
+    lo_rounds, hi_rounds = r.get("rounds_per_cell") or (min(counts), max(counts))
+    lo_waves, hi_waves = r.get("waves_per_round") or (1, 1)
+    waves_text = "one wave each" if hi_waves == 1 else (
+        f"each the mean of its {lo_waves}-{hi_waves} waves" if lo_waves != hi_waves else f"each the mean of its {hi_waves} waves")
     rounds_text = f"{lo_rounds} rounds" if lo_rounds == hi_rounds else f"{lo_rounds}-{hi_rounds} rounds"
     below_one = sum(v < 1 for v in facts["mtp_off_greedy_over_sampled"].values())
     by_load = "; ".join(f"{k}: " + ", ".join(f"{v:.2f} at c{c}" for c, v in levels.items())
@@ -364,7 +374,7 @@ def render_md(r: Mapping[str, Any]) -> str:
         f"Measurement: `{r['measurement']}` (LMDeploy 0.18 PyTorch engine, trained 83M checkpoint, one H200"
         + (f"; {len(runs)} runs pooled, each a lease that trained the checkpoint anew" if len(runs) > 1 else "")
         + "). Measured figure per cell: the **mean of the rounds** "
-        f"({rounds_text} per cell, interleaved between the engines, one wave each; a wave with a failed request is "
+        f"({rounds_text} per cell, interleaved between the engines, {waves_text}; a wave with a failed request is "
         "left out, as in the measurement's own summary). Simulated figure: the simulator's closed-loop benchmark "
         "(`orchestrator.sim.scheduler.simulate_workload`, the scheduler the simulated server runs) on one wave of "
         "the cell's requests, fixed lengths, the engines' flags, seed 0, with the profile as stored.",
@@ -373,7 +383,8 @@ def render_md(r: Mapping[str, Any]) -> str:
         "",
         "**Fitted on the FIT half** ("
         + ("stored in the profile" if r.get("profile_written", True) else
-           "not stored in the profile, which keeps the fit of `sim_fit_test_ckpt_2026-12-01`") + "): " + ", ".join(f"`{k}` {v:g}" for k, v in r["fitted"].items())
+           "not stored in the profile" + (f", which keeps the fit of `{r['stored_fit']}`" if r.get("stored_fit") else ""))
+        + "): " + ", ".join(f"`{k}` {v:g}" for k, v in r["fitted"].items())
         + f". Accept-length RMS on FIT {r['fit_accept_rms']:.3f} (weighted by requests per wave: a wave's accept "
         "length is a mean over its prompts, and the rounds of a cell repeat the same prompts), throughput log-RMS "
         f"on FIT {r['fit_throughput_log_rms']:.3f}. Held: " + ", ".join(f"`{k}` {v:g}" for k, v in r["held"].items())
@@ -397,10 +408,10 @@ def render_md(r: Mapping[str, Any]) -> str:
         "that differ by more than ±10 % from their mean, so the goal cannot be judged tighter than the measurement "
         f"there (the simulated figure lies inside their rounds in {held['wide_within_rounds']}); on the "
         f"{held['judgeable_cells']} others: {held['judgeable_throughput_pass']} pass."
-        + (f" By the 95 % interval of each cell's mean (which narrows with rounds, where the range widens): "
-           f"{len(held['ci_exceeds_tolerance'])} cells' intervals reach beyond ±10 % of their mean (the simulated "
-           f"figure lies inside the interval in {held['inside_ci_of_wide']}); of the {held['firm_cells']} cells whose "
-           f"interval lies within ±10 %, {held['firm_throughput_pass']} pass." if "firm_cells" in held else ""),
+        + (" Judged by the 95 % interval of each cell's mean instead (it narrows with rounds, where the range "
+           f"widens): **{held['by_interval']['pass']} pass** (every mean the interval allows within ±10 % of the "
+           f"simulated figure), **{held['by_interval']['fail']} fail** (none), {held['by_interval']['undecided']} "
+           "undecided." if "by_interval" in held else ""),
         f"- Accept length within ±0.15: **{held['accept_pass']} of {held['accept_cells']} MTP cells** (worst "
         f"{held['max_abs_accept_error']:.2f}).",
         f"- **Goal (±10 % throughput and ±0.15 accept length on held-out cells): "
@@ -434,9 +445,12 @@ def render_md(r: Mapping[str, Any]) -> str:
             "so this data cannot say what the model needs beyond it.")
     out += [
         "- **Accept length moves with the wave's prompts or its load, which the model does not know.** A wave at "
-        f"concurrency c sends the first c prompts; measured MTP-4 at T 0, per wave: {accept}. Mean accept length "
-        f"by concurrency: {by_load}. The measurement cannot tell the prompt sample (the 8 prompts are the first 8 "
-        "of the 64, which are the first 64 of the 256) from load: both change together. The model's acceptance "
+        f"concurrency c sends the first c prompts{' of its own seed' if hi_waves > 1 else ''}; measured MTP-4 at T 0, "
+        f"per round: {accept}." + (f" Mean accept length by concurrency: {by_load}." if by_load else "")
+        + (" The measurement cannot tell the prompt sample (the 8 prompts are the first 8 of the 64, which are the "
+           "first 64 of the 256) from load: both change together." if hi_waves == 1 else
+           " Each round's waves send other prompts, so a cell's prompts are several samples.")
+        + " The model's acceptance "
         "depends on output position, temperature and draft depth only. Fitting weights waves by their prompts, so "
         "the 8-prompt cells count least.",
         *_between_runs(r.get("accept_between_runs")),
@@ -447,7 +461,7 @@ def render_md(r: Mapping[str, Any]) -> str:
         "## Another run, never fitted to",
         "",
         f"`{r['cross_check']['measurement']}`: another device session (each lease trains `/root/ckpt` afresh, same "
-        f"shape and recipe), max batch size {r['cross_check']['setup']['max_batch_size']}. Throughput within ±10 % in "
+        "shape and recipe; until 2026-12-02 for a wall-time budget, so not the same number of steps), max batch size {r['cross_check']['setup']['max_batch_size']}. Throughput within ±10 % in "
         f"{r['cross_check']['summary']['throughput_pass']} of {r['cross_check']['summary']['cells']}, accept length "
         f"within ±0.15 in {r['cross_check']['summary']['accept_pass']} of {r['cross_check']['summary']['accept_cells']}"
         + (". MTP off and MTP-3 (a draft count the grid lacks) at output 512, concurrency 64, two rounds; its PyTorch "
@@ -511,6 +525,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "measurement": " + ".join(_rel(path) for path in args.measurement),
         "measurements": [_rel(path) for path in args.measurement],
         "rounds_per_cell": [min(len(c.throughputs) for c in cells), max(len(c.throughputs) for c in cells)],
+        "waves_per_round": [min(w), max(w)] if (w := [r["waves"] for r in mean_per_round(
+            r for r in rows if not r.get("failed") and r["engine"] in engines)]) else [1, 1],
+        "stored_fit": stored_fit(base),
         "accept_between_runs": accept_between_runs(measurements),
         "profile": base.name,
         "results_md": _rel(md_path),
@@ -549,8 +566,9 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"accept length within ±0.15 in {h['accept_pass']}/{h['accept_cells']}; "
           f"{len(h['spread_exceeds_tolerance'])} cells' own round spread exceeds ±10 %.")
     print(f"wrote {args.out_prefix}.json and .md" + (f"; updated {args.profile}" if args.write_profile else ""))
+    given = " ".join(sys.argv[1:] if argv is None else argv)
     print("next: python -m pytest -q tests/unit/test_sim_fit_test_ckpt.py" if args.write_profile else
-          "next: python benchmarks/sim_fit_test_ckpt.py --write-profile   (store the fit in the profile)")
+          f"next: python benchmarks/sim_fit_test_ckpt.py {given} --write-profile   (store this fit in the profile)")
     return 0
 
 

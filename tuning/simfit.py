@@ -28,6 +28,7 @@ from tuning.stats import mean_confidence_interval
 
 __all__ = [
     "ACCEPT_TOLERANCE",
+    "ROUND_KEY",
     "SPLIT_RULE",
     "THROUGHPUT_TOLERANCE",
     "CellCheck",
@@ -39,6 +40,7 @@ __all__ = [
     "fit_acceptance",
     "fit_step_overheads",
     "is_held_out",
+    "mean_per_round",
     "measured_cells",
     "simulate_cell",
 ]
@@ -147,36 +149,52 @@ def _draft_tokens(engine: str, engines: Mapping[str, Mapping[str, Any]]) -> int:
     return int(spec.get("num_draft_tokens") or 0)
 
 
+ROUND_KEY = ("run", "round", "engine", "output_len", "concurrency", "temperature")
+"""What one round's figure of one cell is made of: every wave of that engine start (``run``, ``round``)
+at that (engine, output length, concurrency, temperature)."""
+
+
+def mean_per_round(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per round of a cell (:data:`ROUND_KEY`; a missing ``run`` is run 0), in run and round order:
+    the mean output throughput and accept length of its waves (``measure_turbomind.py --waves``), ``waves``
+    how many. Waves of one engine start share its state and its drift, so a cell's spread and interval
+    are taken over rounds, each the mean of its waves, never over waves as if each were a start."""
+    groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = defaultdict(list)
+    for r in rows:
+        groups[tuple(r.get(k, 0) if k == "run" else r[k] for k in ROUND_KEY)].append(r)
+    out = []
+    for key in sorted(groups, key=lambda k: (k[0], k[1])):
+        waves = groups[key]
+        accepts = [float(r["accept_length"]) for r in waves if r.get("accept_length")]
+        out.append({**waves[0], "output_throughput": statistics.fmean(float(r["output_throughput"]) for r in waves),
+                    "accept_length": statistics.fmean(accepts) if accepts else None, "waves": len(waves)})
+    return out
+
+
 def measured_cells(rows: Iterable[Mapping[str, Any]], engines: Mapping[str, Mapping[str, Any]], *,
                    backend: str = "pytorch") -> list[MeasuredCell]:
-    """The cells of one engine backend from per-wave rows, one figure per round: the mean of its waves
-    (``measure_turbomind.py --waves``; waves of one engine start are not independent rounds). A wave with
-    a failed request is left out (as the measurement's own summary does: its throughput counts a missing
-    request's time). Cells left with no wave are dropped."""
-    waves: dict[tuple, list[Mapping[str, Any]]] = defaultdict(list)
-    for row in rows:
-        spec = engines.get(row["engine"], {})
-        if spec.get("backend") != backend:
-            continue
-        key = (row["engine"], int(row["output_len"]), int(row["concurrency"]), float(row["temperature"]))
-        waves[key].append(row)
+    """The cells of one engine backend from per-wave rows, one figure per round (:func:`mean_per_round`).
+    A wave with a failed request is left out (its throughput counts a missing request's time). Cells left
+    with no wave are dropped."""
+    ours = [r for r in rows if engines.get(r["engine"], {}).get("backend") == backend]
+    failed: dict[tuple, int] = defaultdict(int)
+    by_cell: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for r in ours:
+        key = (r["engine"], int(r["output_len"]), int(r["concurrency"]), float(r["temperature"]))
+        failed[key] += bool(r.get("failed"))
+        by_cell.setdefault(key, [])
+    for r in mean_per_round(r for r in ours if not r.get("failed")):
+        by_cell[(r["engine"], int(r["output_len"]), int(r["concurrency"]), float(r["temperature"]))].append(r)
     cells = []
-    for (engine, output_len, concurrency, temperature), group in sorted(waves.items()):
-        rounds: dict[int, list[Mapping[str, Any]]] = defaultdict(list)
-        for r in group:
-            if not r.get("failed"):
-                rounds[int(r["round"])].append(r)
+    for (engine, output_len, concurrency, temperature), rounds in sorted(by_cell.items()):
         if not rounds:
             continue
         n_draft = _draft_tokens(engine, engines)
-        ok = [rounds[k] for k in sorted(rounds)]  # a round's figure: the mean of its waves
-        accepts = [[float(r["accept_length"]) for r in waves if r.get("accept_length")] for waves in ok]
         cells.append(MeasuredCell(
             engine=engine, num_draft_tokens=n_draft, output_len=output_len, concurrency=concurrency,
-            temperature=temperature,
-            throughputs=tuple(statistics.fmean(float(r["output_throughput"]) for r in waves) for waves in ok),
-            accept_lengths=tuple(statistics.fmean(a) for a in accepts if n_draft and a),
-            excluded_waves=len(group) - sum(len(waves) for waves in ok)))
+            temperature=temperature, throughputs=tuple(r["output_throughput"] for r in rounds),
+            accept_lengths=tuple(r["accept_length"] for r in rounds if n_draft and r["accept_length"]),
+            excluded_waves=failed[(engine, output_len, concurrency, temperature)]))
     if not cells:
         raise SimFitError(f"no wave of a {backend!r} engine without failures in the measurement")
     return cells
@@ -298,17 +316,19 @@ class CellCheck:
         return half is not None and half > THROUGHPUT_TOLERANCE
 
     @property
-    def ci_exceeds_tolerance(self) -> bool:
-        """The 95 % interval of the measured mean reaches beyond ±10 % of it: the measurement itself cannot
-        place the cell's true figure within the bar, so neither verdict is firm there."""
+    def throughput_verdict(self) -> str | None:
+        """The ±10 % bar judged against the 95 % interval of the measured mean: ``"pass"`` when every mean
+        the interval allows is within ±10 % of the simulated figure, ``"fail"`` when none is, ``"undecided"``
+        when the interval straddles the bar's edge (the measurement cannot say); None from one round."""
         ci = self.cell.throughput_ci
-        return ci is not None and max(self.cell.throughput - ci[0], ci[1] - self.cell.throughput) > \
-            THROUGHPUT_TOLERANCE * self.cell.throughput
-
-    @property
-    def inside_ci(self) -> bool | None:
-        ci = self.cell.throughput_ci
-        return None if ci is None else ci[0] <= self.sim_throughput <= ci[1]
+        if ci is None:
+            return None
+        lo, hi = self.sim_throughput / (1 + THROUGHPUT_TOLERANCE), self.sim_throughput / (1 - THROUGHPUT_TOLERANCE)
+        if lo <= ci[0] and ci[1] <= hi:
+            return "pass"
+        if ci[1] < lo or ci[0] > hi:
+            return "fail"
+        return "undecided"
 
     @property
     def accept_error(self) -> float | None:
@@ -330,7 +350,7 @@ class CellCheck:
                 "throughput_ok": self.throughput_ok, "within_rounds": self.within_rounds,
                 "spread_exceeds_tolerance": self.spread_exceeds_tolerance,
                 "measured_ci": None if c.throughput_ci is None else [round(x, 1) for x in c.throughput_ci],
-                "ci_exceeds_tolerance": self.ci_exceeds_tolerance, "inside_ci": self.inside_ci,
+                "throughput_verdict": self.throughput_verdict,
                 "measured_accept_length": None if c.accept_length is None else round(c.accept_length, 4),
                 "measured_accept_half_spread": (None if c.accept_half_spread is None
                                                 else round(c.accept_half_spread, 4)),

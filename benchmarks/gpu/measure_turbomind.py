@@ -104,23 +104,16 @@ def counted_rows(rows: list[dict[str, Any]], *, admit_unrecorded: bool = False) 
 
 
 def per_round(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (run, round, engine, cell), ordered by run and round: the mean throughput and accept
-    length of that round's waves, ``waves`` how many, ``admitted`` the first admitted wave's reason. Waves of
-    one engine start share its state, so a cell's spread and interval are taken over rounds, each the mean
-    of its waves, not over waves as if each were a start of its own."""
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    """One row per (run, round, engine, cell) as :func:`tuning.simfit.mean_per_round` makes it (the mean of
+    the round's waves, ``waves`` how many), ``admitted`` the first admitted wave's reason."""
+    from tuning.simfit import ROUND_KEY, mean_per_round
+
+    rows = [{"run": 0, "output_len": 512, "concurrency": 64, **r} for r in rows]  # runs of one length and load
+    admitted: dict[tuple[Any, ...], str] = {}
     for r in rows:
-        key = (r.get("run", 0), r["round"], r["engine"], r.get("output_len", 512), r.get("concurrency", 64),
-               r["temperature"])
-        groups.setdefault(key, []).append(r)
-    out = []
-    for key in sorted(groups, key=lambda k: (k[0], k[1])):
-        rs = groups[key]
-        accepts = [r["accept_length"] for r in rs if r.get("accept_length")]
-        out.append(rs[0] | {"output_throughput": sum(r["output_throughput"] for r in rs) / len(rs),
-                            "accept_length": sum(accepts) / len(accepts) if accepts else None, "waves": len(rs),
-                            "admitted": next((r["admitted"] for r in rs if r.get("admitted")), None)})
-    return out
+        if r.get("admitted"):
+            admitted.setdefault(tuple(r[k] for k in ROUND_KEY), r["admitted"])
+    return [r | {"admitted": admitted.get(tuple(r[k] for k in ROUND_KEY))} for r in mean_per_round(rows)]
 
 
 def pooled(results: list[dict[str, Any]], *, admit_unrecorded: bool = False) -> dict[str, Any]:
@@ -229,7 +222,11 @@ def render_markdown(res: dict[str, Any]) -> str:
         ci_text = f" ({ci[0]:,.0f}–{ci[1]:,.0f})" if ci and s["rounds"] > 1 else ""
         marks = s.get("admitted") or [None] * len(s["output_throughput"])
         admitted |= {m for m in marks if m}
-        values = ", ".join(f"{x:,.0f}{mark.get(m, '')}" for x, m in zip(s["output_throughput"], marks))
+        waves = s.get("waves") or [1] * len(marks)
+        short = [n < w.get("waves", 1) for n in waves]
+        admitted |= {"short"} if any(short) else set()
+        values = ", ".join(f"{x:,.0f}{mark.get(m, '')}{'‡' if few else ''}"
+                           for x, m, few in zip(s["output_throughput"], marks, short))
         lines.append(f"| {s['engine']} | {s.get('output_len', w['output_len'])} | {s.get('concurrency', concs[0])} | "
                      f"{s['temperature']:g} | {values} | {s['mean']:,.0f}{ci_text} | {s['spread']:.1%} "
                      f"| {vs} | {acc} |")
@@ -241,6 +238,9 @@ def render_markdown(res: dict[str, Any]) -> str:
     if "unrecorded" in admitted:
         lines += ["† a wave that lost requests without a recorded reason (a run before reasons were recorded), "
                   "admitted the same way (`--admit-unrecorded`).", ""]
+    if "short" in admitted:
+        lines += ["‡ a round with fewer measured waves than asked for (a wave that lost requests in every attempt is "
+                  "left out): the mean of the waves it has, other prompts than the full rounds'.", ""]
     lines += [f"- {n}" for n in res.get("notes", [])]
     return "\n".join(lines) + "\n"
 
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--temperatures", default="0,0.8")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--retries", type=int, default=1, help="runs again a wave that lost requests (it is left out "
-                   "of the summary), up to this often per cell and round")
+                   "of the summary), up to this often per cell, round and wave")
     p.add_argument("--memory-fraction", type=float, default=0.1)
     p.add_argument("--deadline-s", type=float, default=480, help="no engine starts after this (from the start)")
     a = p.parse_args(argv)

@@ -5,7 +5,7 @@
 #       installs part 1 (LMDeploy 0.18 WITH TurboMind's binary, the CUDA 12 runtime, the cuBLAS shim,
 #       fla), puts the libraries where the binary looks first, checks that it loads (the project's
 #       preflight), and starts training the test checkpoint /root/ckpt in the background (~4 min; TRAIN_STEPS
-#       optimiser steps, 480 by default: the same weights in every lease)
+#       optimiser steps, 480 by default: the same recipe for as long in every lease)
 #   carry [".stage/t2"]: OUT=$OUT bash benchmarks/gpu/turbomind_device.sh t2
 #       installs part 2, runs tests/gpu/test_gpu_turbomind.py on an oracle checkpoint (pays LMDeploy's cold
 #       compile meanwhile training runs), waits for the trained weights, runs the tests again on them
@@ -19,7 +19,7 @@
 #       GRID_CONC=256 / GRID_ROUNDS=3 / GRID_SAMPLING=0 (skip the sampling test) /
 #       GRID_ENGINES=pytorch-mtp-off,pytorch-mtp2,pytorch-mtp4 (the simulator fit's engines) / GRID_WAVES=3
 #       (measured waves per cell per engine start) / GRID_OUTPUT=512 narrow or widen it. The simulator fit's next
-#       grid, ~18 min after t1 per lease, in two leases (the same checkpoint in both; the fit pools the runs):
+#       grid, ~18 min after t1 per lease, in two leases (the same training recipe and steps; the fit pools the runs):
 #       GRID_ENGINES=pytorch-mtp-off,pytorch-mtp2,pytorch-mtp4 GRID_ROUNDS=2 GRID_WAVES=3 GRID_SAMPLING=0 ... grid 1000
 #       (both output lengths: with one, the fit cannot tell prefill cost from per-sequence decode cost)
 #   then, until it says done:  OUT=$OUT bash benchmarks/gpu/turbomind_device.sh collect

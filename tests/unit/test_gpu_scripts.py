@@ -131,3 +131,23 @@ def test_pooled_runs_give_a_cell_every_runs_rounds():
     md = turbomind.render_markdown(both)
     assert "Run 2: Command" in md and "95*" in md and "110†" in md and "without a recorded reason" in md
     assert "engine turbomind differs" in md
+
+
+def test_a_round_is_the_mean_of_its_waves_and_a_short_or_admitted_round_is_marked():
+    """``--waves``: one figure per round, the mean of its waves; a round that lost a wave in every attempt
+    is the mean of the others and carries ‡; a round with an admitted (empty-text) wave carries *."""
+    def wave(rnd, w, tput, **kw):
+        return {"round": rnd, "wave": w, "engine": "turbomind", "output_len": 128, "concurrency": 8,
+                "temperature": 0.0, "output_throughput": tput, "completed": 8, "failed": 0, "failure_reasons": None} | kw
+
+    rows = [wave(0, 0, 100.0), wave(0, 1, 300.0),
+            wave(1, 0, 100.0), wave(1, 1, 5.0, failed=3, completed=5, failure_reasons={"timeout": 3}),
+            wave(2, 0, 70.0, failed=1, completed=7, failure_reasons={turbomind.EMPTY_TEXT: 1}), wave(2, 1, 120.0)]
+    cell = turbomind.summarize(rows)["turbomind@o128@c8@T0"]
+    assert cell["output_throughput"] == [200.0, 100.0, 100.0] and cell["waves"] == [2, 1, 2]
+    assert cell["admitted"] == [None, None, "empty text"]
+    res = {"command": "c", "rounds": 3, "order": [["turbomind"]], "starts": [], "rows": rows, "ckpt": "/c", "notes": [],
+           "engines": {"turbomind": {"backend": "turbomind"}}, "summary": turbomind.summarize(rows),
+           "workload": {"concurrency": [8], "input_len": 512, "output_len": [128], "waves": 2}}
+    md = turbomind.render_markdown(res)
+    assert "| 200, 100‡, 100* |" in md and "fewer measured waves" in md and "2 measured waves per cell" in md

@@ -1,7 +1,7 @@
 """Train a small Qwen3.5 and its MTP head together, then predict LMDeploy's MTP accept length.
 
     python -m tuning.checkpoint.train OUT_DIR --minutes 3 [--seed 0] [build options]
-    python -m tuning.checkpoint.train OUT_DIR --steps 480 [--seed 0]     # the same weights in every run
+    python -m tuning.checkpoint.train OUT_DIR --steps 480 [--seed 0]     # as many steps in every run
 
 Builds the checkpoint first when ``OUT_DIR/config.json`` is missing (see :mod:`tuning.checkpoint.build`),
 trains on local Python sources for ``--minutes`` of optimiser time (or ``--steps`` steps), writes the trained bf16 weights
@@ -84,9 +84,10 @@ class TrainConfig:
     train_bytes: int = 64 << 20
     seed: int = 0
     steps: int | None = None
-    """A fixed number of optimiser steps instead of ``minutes`` of wall time: the same seed then gives the
-    same checkpoint on any machine and in any lease (up to GPU nondeterminism), so measurements of "the test
-    checkpoint" in different leases measure one model. Wall time trains as far as the machine gets."""
+    """A fixed number of optimiser steps instead of ``minutes`` of wall time, which trains as far as the
+    machine gets (another step count and learning-rate schedule every time). With steps, every lease trains
+    the same recipe for as long; the weights still differ by GPU nondeterminism and by the installed sources
+    the text comes from, so how close two leases' checkpoints measure is for a measurement to show."""
 
     def __post_init__(self) -> None:
         if not 0 < self.minutes <= 120:
@@ -536,9 +537,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(prog="python -m tuning.checkpoint.train", description=__doc__.split("\n\n")[0])
     ap.add_argument("out_dir", type=Path)
-    ap.add_argument("--minutes", type=float, default=3.0, help="optimiser wall time (without --steps)")
-    ap.add_argument("--steps", type=int, default=None, help="a fixed number of optimiser steps instead of --minutes: "
-                    "the same checkpoint from the same --seed in every run (an H200 makes ~165 steps a minute)")
+    length = ap.add_mutually_exclusive_group()
+    length.add_argument("--minutes", type=float, default=3.0, help="optimiser wall time (default 3)")
+    length.add_argument("--steps", type=int, default=None, help="a fixed number of optimiser steps instead of "
+                        "--minutes: the same recipe for as long in every run (an H200 makes ~165 steps a minute)")
     ap.add_argument("--batch-size", type=int, default=TrainConfig.batch_size)
     ap.add_argument("--seq-len", type=int, default=TrainConfig.seq_len)
     ap.add_argument("--lr", type=float, default=TrainConfig.peak_lr)
