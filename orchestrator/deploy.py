@@ -108,7 +108,16 @@ def deploy(
 
     import ray
 
-    from orchestrator.serve.app import AppArgs, RunningEngine, build_app, check_resources, load_table, router_spec
+    from orchestrator.serve.app import (
+        AppArgs,
+        RunningEngine,
+        build_app,
+        check_free,
+        check_resources,
+        load_table,
+        resources_needed,
+        router_spec,
+    )
     from orchestrator.serve.router import RouterSpec
     from orchestrator.table import parse
 
@@ -125,6 +134,7 @@ def deploy(
     check_resources(args, table, ray.cluster_resources(),
                     running={k: RunningEngine(c, counts.get(k, 1)) for k, c in old_engines.items()})
     if old_router is None:
+        check_free([resources_needed(args, table)], ray.available_resources())
         serve.run(build_app(args, table=table), name=app_name, route_prefix=route_prefix)
         return DeployResult(app_name, table.version, tuple(sorted(new_engines)), ("run",), tuple(sorted(new_engines)))
 
@@ -166,7 +176,15 @@ def deploy_many(apps: Sequence[tuple[Any, str, str]]) -> list[DeployResult]:
 
     import ray
     from orchestrator.config import gpus_needed
-    from orchestrator.serve.app import AppArgs, build_app, check_resources, gpu_requests, load_table, resources_needed
+    from orchestrator.serve.app import (
+        AppArgs,
+        build_app,
+        check_free,
+        check_resources,
+        gpu_requests,
+        load_table,
+        resources_needed,
+    )
 
     if not apps:
         raise ConfigError("no app to deploy")
@@ -197,6 +215,8 @@ def deploy_many(apps: Sequence[tuple[Any, str, str]]) -> list[DeployResult]:
         raise ConfigError(f"the {len(parsed)} apps together take {placed} GPU(s) once placed and reserve {cpus:g} "
                           f"CPU(s); the Ray cluster has {have_gpus:g} GPU(s) and {have_cpus:g} CPU(s): deploy fewer "
                           "apps at once, or lower their reservations")
+    check_free([resources_needed(args, table) for args, table, *_ in parsed], ray.available_resources(),
+               what="the app" if len(parsed) == 1 else f"the {len(parsed)} apps together")
     serve.run_many([serve.RunTarget(target=build_app(args, table=table), name=name, route_prefix=prefix)
                     for args, table, name, prefix in parsed])
     return [DeployResult(name, table.version, tuple(sorted(table.distinct_configs())), ("run",),

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -47,6 +47,7 @@ __all__ = [
     "ScalingSpec",
     "app_builder",
     "build_app",
+    "check_free",
     "check_resources",
     "gpu_requests",
     "resources_needed",
@@ -349,6 +350,22 @@ def check_resources(args: AppArgs, table: RoutingTable, cluster: Mapping[str, fl
         raise ConfigError(
             f"updating runs old and new engines side by side until the router switches: {peak_cpus:g} CPUs at "
             f"that peak but the Ray cluster has {have_cpus:g}: add nodes or delete the running app first"
+        )
+
+
+def check_free(needs: Sequence[Mapping[str, float]], free: Mapping[str, float], *, what: str = "the app") -> None:
+    """Refuse new apps (their :func:`resources_needed`, summed) that the cluster has room for in total
+    but not beside what already runs on it: other Serve apps, Tune trials (``free``:
+    ``ray.available_resources()``). Serve would leave the replicas that do not fit pending for ever.
+    GPUs are compared by sum: a share that no single GPU's free part can hold is not caught here.
+    Raises :class:`ConfigError`."""
+    cpus, gpus = sum(n["CPU"] for n in needs), sum(n["GPU"] for n in needs)
+    free_cpus, free_gpus = float(free.get("CPU", 0.0)), float(free.get("GPU", 0.0))
+    if cpus > free_cpus + 1e-9 or gpus > free_gpus + 1e-9:
+        raise ConfigError(
+            f"{what} reserve{'s' if what == 'the app' else ''} {cpus:g} CPU(s) and {gpus:g} GPU(s) but only "
+            f"{free_cpus:g} CPU(s) and {free_gpus:g} GPU(s) are free: other Serve apps or jobs on the Ray cluster "
+            "hold the rest (`serve status` lists the apps): delete one, or add nodes"
         )
 
 

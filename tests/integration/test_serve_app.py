@@ -455,6 +455,37 @@ def test_several_new_apps_deploy_at_once_after_all_are_checked(cluster: Cluster,
             serve.delete(name)
 
 
+def test_a_new_app_with_room_in_the_cluster_but_not_beside_the_running_one_is_refused(cluster: Cluster, tmp_path: Path):
+    """The cluster's total has room for the new app, what other work holds (a job's actor here; a running
+    app or a Tune trial alike) leaves too little free: Serve would leave its replicas pending for ever, so
+    deploy (and deploy_many) refuse before anything starts."""
+    from orchestrator.deploy import deploy, deploy_many
+    from orchestrator.errors import ConfigError
+
+    @ray.remote(num_cpus=2)
+    class Job:
+        def ready(self) -> bool:
+            return True
+
+    path = cluster._write_table(tmp_path / "one.json", [("le4096", 4096, NOSPEC)], sweep_id="free",
+                                default_max_tokens=16)
+    args = cluster.args(path)
+    job = Job.remote()
+    try:
+        assert ray.get(job.ready.remote(), timeout=60)
+        free, total = ray.available_resources().get("CPU", 0.0), ray.cluster_resources()["CPU"]
+        big = {**args, "router": {**args["router"], "num_cpus": 0},
+               "engine": {**args["engine"], "num_cpus": free + 0.5}}
+        assert free + 0.5 <= total  # the new app alone fits the cluster
+        with pytest.raises(ConfigError, match=r"only .* CPU\(s\) .* are free: other Serve apps or jobs"):
+            deploy(big, app_name="too-big", route_prefix="/too-big")
+        with pytest.raises(ConfigError, match="the app reserves"):
+            deploy_many([(big, "too-big", "/too-big")])
+        assert "too-big" not in serve.status().applications
+    finally:
+        ray.kill(job)
+
+
 def test_table_update_with_requests_in_flight_loses_none(cluster: Cluster):
     from orchestrator.deploy import deploy
 

@@ -258,3 +258,15 @@ def test_an_update_must_place_its_new_engines_beside_the_running_ones(tmp_path, 
     # Engines kept from the old table are not started again: nothing new, nothing to place.
     kept = {c.key(): RunningEngine(c) for c in (_mtp(3, 0.5), _mtp(4, 0.5))}
     check_resources(args, table, cluster, running=kept)
+
+
+def test_new_apps_must_fit_what_is_free_not_only_the_cluster():
+    """``check_free``: the apps' reservations summed against what running apps and jobs leave free."""
+    from orchestrator.errors import ConfigError
+    from orchestrator.serve.app import check_free
+
+    check_free([{"CPU": 1.0, "GPU": 0.5}, {"CPU": 1.0, "GPU": 0.5}], {"CPU": 2.0, "GPU": 1.0})
+    with pytest.raises(ConfigError, match=r"the 2 apps together reserve 2 CPU\(s\) and 1 GPU\(s\) but only 1\.5 CPU"):
+        check_free([{"CPU": 1.0, "GPU": 0.5}] * 2, {"CPU": 1.5, "GPU": 1.0}, what="the 2 apps together")
+    with pytest.raises(ConfigError, match=r"the app reserves 0 CPU\(s\) and 0\.16 GPU\(s\) but only 0 CPU\(s\) and 0\.1 GPU"):
+        check_free([{"CPU": 0.0, "GPU": 0.16}], {"GPU": 0.1})
