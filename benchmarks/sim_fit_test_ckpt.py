@@ -65,6 +65,10 @@ def _round(value: float) -> float:
 
 
 def setup_of(measurement: Mapping[str, Any]) -> WaveSetup:
+    if measurement["workload"].get("num_prompts"):
+        raise SystemExit(f"the measurement sent {measurement['workload']['num_prompts']} requests per cell; the fit "
+                         "simulates one wave of as many requests as the concurrency (measure_turbomind.py without "
+                         "--num-prompts)")
     engines = [e for e in measurement["engines"].values() if e["backend"] == "pytorch"]
     flags = {(e["memory_fraction"], e["max_batch_size"], e["session_len"], e["max_prefill_tokens"]) for e in engines}
     if len(flags) != 1:

@@ -21,7 +21,10 @@
 #       (measured waves per cell per engine start) / GRID_OUTPUT=512 narrow or widen it. The simulator fit's next
 #       grid, ~18 min after t1 per lease, in two leases (the same training recipe and steps; the fit pools the runs):
 #       GRID_ENGINES=pytorch-mtp-off,pytorch-mtp2,pytorch-mtp4 GRID_ROUNDS=2 GRID_WAVES=3 GRID_SAMPLING=0 ... grid 1000
-#       (both output lengths: with one, the fit cannot tell prefill cost from per-sequence decode cost)
+#       (both output lengths: with one, the fit cannot tell prefill cost from per-sequence decode cost).
+#       GRID_PROMPTS=256 sends that many requests per cell whatever the concurrency (one prompt set at every load):
+#       does sampled acceptance follow the load or the prompts? ~6 min after t1:
+#       GRID_ENGINES=pytorch-mtp4 GRID_CONC=8,64,256 GRID_PROMPTS=256 GRID_OUTPUT=128 GRID_ROUNDS=1 GRID_SAMPLING=0 ... grid
 #   then, until it says done:  OUT=$OUT bash benchmarks/gpu/turbomind_device.sh collect
 #   (every *collect step waits for the job up to WAIT_S s (device_env.sh), holding the machine: call it again at once,
 #   within 30 s, or the machine goes back and the detached job dies with it)
@@ -156,7 +159,7 @@ case $STEP in
         tests/gpu/test_gpu_sampling.py -v -s -p no:cacheprovider -o cache_dir=/tmp/pc > /root/tm/grid/sampling.log 2>&1;
       python3 benchmarks/gpu/measure_turbomind.py --ckpt /root/ckpt --out /root/tm/grid/measure \
         --engines ${GRID_ENGINES:-turbomind,pytorch-mtp-off,pytorch-mtp2,pytorch-mtp4} --concurrency ${GRID_CONC:-8,64,256} \
-        --output-len ${GRID_OUTPUT:-512,128} --temperatures 0,0.8 --rounds ${GRID_ROUNDS:-2} --waves ${GRID_WAVES:-1} --deadline-s ${2:-900} \
+        --output-len ${GRID_OUTPUT:-512,128} --temperatures 0,0.8 --rounds ${GRID_ROUNDS:-2} --waves ${GRID_WAVES:-1} ${GRID_PROMPTS:+--num-prompts $GRID_PROMPTS} --deadline-s ${2:-900} \
         > /root/tm/grid/measure.log 2>&1;
       touch /root/tm/grid/done" > /root/tm/grid/job.log 2>&1 < /dev/null &
     sleep 5; echo "grid started"

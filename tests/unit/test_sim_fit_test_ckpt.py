@@ -144,6 +144,8 @@ def test_runs_of_the_same_engines_pool_round_after_round_and_their_accept_length
     assert script.accept_between_runs([a]) is None
     with pytest.raises(SystemExit, match="wave setup"):
         script.pooled([a, run([1.0], [2.0], memory_fraction=0.5)])
+    with pytest.raises(SystemExit, match="256 requests per cell"):
+        script.pooled([a, {**b, "workload": {**b["workload"], "num_prompts": 256}}])
     other = run([1.0], [2.0])
     other["engines"]["mtp2"] = {**other["engines"]["mtp2"], "num_draft_tokens": 3}
     with pytest.raises(SystemExit, match="different draft counts"):
