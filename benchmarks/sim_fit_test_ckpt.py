@@ -42,9 +42,9 @@ from tuning.simfit import (  # noqa: E402
     WaveSetup,
     check_cells,
     coordinate_search,
-    mean_per_round,
     fit_acceptance,
     fit_step_overheads,
+    mean_per_round,
     measured_cells,
     simulate_cell,
 )
@@ -318,8 +318,9 @@ def _published_section(pub: Mapping[str, Any]) -> list[str]:
         "now stores {2:g}. These GPU "
         "measurements are the only evidence of the shape in the project; carrying the slope over assumes the "
         "published model's drafts lose acceptance with temperature on the logit scale as this 83M checkpoint's "
-        "do. How firmly the data fix the slope: {3:g} here; on `gpu_engine_grid_h200_2026-12-01.json` 2.95, 3.22 with "
-        "equal weights, 3.28 fitted earlier to one MTP-3 run at concurrency 64 (the profile's previous notes). Its calibration workload with either slope "
+        "do. How firmly the data fix the slope: {3:g} here; on `gpu_engine_grid_h200_2026-12-01.json` 2.95, 3.22 "
+        "with equal weights, 3.28 fitted earlier to one MTP-3 run at concurrency 64 (the profile's previous notes). "
+        "Its calibration workload with either slope "
         "(SIMULATED; MTP-3 over MTP off, accept length):".format(
             pub["profile"], pub["previous_slope"], pub["stored_slope"], pub["test_checkpoint_slope"]),
         "",

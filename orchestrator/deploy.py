@@ -209,13 +209,14 @@ def deploy_many(apps: Sequence[tuple[Any, str, str]]) -> list[DeployResult]:
         check_resources(args, table, cluster)
         parsed.append((args, table, name, prefix))
     placed = gpus_needed([r for args, table, *_ in parsed for r in gpu_requests(args, table)])
-    cpus = sum(resources_needed(args, table)["CPU"] for args, table, *_ in parsed)
+    needs = [resources_needed(args, table) for args, table, *_ in parsed]
+    cpus = sum(n["CPU"] for n in needs)
     have_gpus, have_cpus = float(cluster.get("GPU", 0.0)), float(cluster.get("CPU", 0.0))
     if placed > have_gpus + 1e-9 or cpus > have_cpus + 1e-9:
         raise ConfigError(f"the {len(parsed)} apps together take {placed} GPU(s) once placed and reserve {cpus:g} "
                           f"CPU(s); the Ray cluster has {have_gpus:g} GPU(s) and {have_cpus:g} CPU(s): deploy fewer "
                           "apps at once, or lower their reservations")
-    check_free([resources_needed(args, table) for args, table, *_ in parsed], ray.available_resources(),
+    check_free(needs, ray.available_resources(),
                what="the app" if len(parsed) == 1 else f"the {len(parsed)} apps together")
     serve.run_many([serve.RunTarget(target=build_app(args, table=table), name=name, route_prefix=prefix)
                     for args, table, name, prefix in parsed])

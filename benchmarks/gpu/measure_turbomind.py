@@ -12,9 +12,10 @@ measured wave per (concurrency, temperature) cell: the same requests for every e
 fixed lengths). ``--waves N`` measures N waves per cell per engine start, cycling through the cells,
 wave k with the prompts of seed k: a wave costs seconds where an engine start costs a minute or two,
 and a low-concurrency cell then sees N prompt samples; a round's figure is the mean of its waves.
-Two rounds, the second in reverse order (ABC, CBA), so a drift of the machine touches every engine alike; the engine at the turn stays up across it. Every figure is kept per round, with
-its mean and spread ((max - min) / mean). Without MTP the work does not depend on the weights (fixed
-lengths, dense model), so an oracle checkpoint of the same shape measures the plain engines as well.
+Two rounds, the second in reverse order (ABC, CBA), so a drift of the machine touches every engine
+alike; the engine at the turn stays up across it. Every figure is kept per round, with its mean and
+spread ((max - min) / mean). Without MTP the work does not depend on the weights (fixed lengths, dense
+model), so an oracle checkpoint of the same shape measures the plain engines as well.
 
     python benchmarks/gpu/measure_turbomind.py --ckpt /root/ckpt --out $OUT [--concurrency 8,64,256] [--deadline-s 480]
     python benchmarks/gpu/measure_turbomind.py --sim --out /tmp/tm      # dry run, simulated engines
