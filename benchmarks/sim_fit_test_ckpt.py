@@ -65,10 +65,6 @@ def _round(value: float) -> float:
 
 
 def setup_of(measurement: Mapping[str, Any]) -> WaveSetup:
-    if measurement["workload"].get("num_prompts"):
-        raise SystemExit(f"the measurement sent {measurement['workload']['num_prompts']} requests per cell; the fit "
-                         "simulates one wave of as many requests as the concurrency (measure_turbomind.py without "
-                         "--num-prompts)")
     engines = [e for e in measurement["engines"].values() if e["backend"] == "pytorch"]
     flags = {(e["memory_fraction"], e["max_batch_size"], e["session_len"], e["max_prefill_tokens"]) for e in engines}
     if len(flags) != 1:
@@ -79,10 +75,12 @@ def setup_of(measurement: Mapping[str, Any]) -> WaveSetup:
 
 
 def rows_of(measurement: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Per-wave rows; a measurement of one output length and concurrency leaves them out of its rows."""
+    """Per-wave rows, each with its requests per wave (``num_prompts``: the workload's, else as many as the
+    concurrency); a measurement of one output length and concurrency leaves them out of its rows."""
     workload = measurement["workload"]
     fixed = {k: workload[k] for k in ("output_len", "concurrency") if isinstance(workload.get(k), int)}
-    return [{**fixed, **row} for row in measurement["rows"]]
+    rows = [{**fixed, **row} for row in measurement["rows"]]
+    return [{**row, "num_prompts": workload.get("num_prompts") or row["concurrency"]} for row in rows]
 
 
 def pooled(measurements: Sequence[Mapping[str, Any]]) -> tuple[WaveSetup, list[dict[str, Any]], dict[str, Any]]:
@@ -448,16 +446,27 @@ def render_md(r: Mapping[str, Any]) -> str:
             f"(FIT log-RMS {diag['fit_throughput_log_rms']:.3f}) and puts held-out throughput within ±10 % in "
             f"{diag['throughput_pass']} of {diag['cells']} cells: the FIT half gives no evidence for such a term, "
             "so this data cannot say what the model needs beyond it.")
+    load_slope = r["fitted"].get("accept_load_slope")
+    if load_slope:
+        c64_accept = [e for e in r["held_out"] if e["concurrency"] == 64 and e["accept_ok"] is not None]
+        others = [e for e in r["held_out"] if e["concurrency"] != 64 and e["accept_ok"] is not None]
+        model_says = (
+            f" The model's acceptance has a load term (a logit shift of `accept_load_slope` x ln(batch / "
+            f"{r['held'].get('accept_load_ref', 64):g}) per decode step), fitted on concurrency 8 and 256: "
+            f"{load_slope:g}; the held-out cells at 64 then meet ±0.15 in {sum(bool(e['accept_ok']) for e in c64_accept)}"
+            f" of {len(c64_accept)}, the other held-out cells (MTP-4 sampled: draft depths 3-4 at T 0.8 from MTP-2's "
+            f"sampled and MTP-4's greedy cells) in {sum(bool(e['accept_ok']) for e in others)} of {len(others)}.")
+    else:
+        model_says = " The model's acceptance depends on output position, temperature and draft depth only."
     out += [
-        "- **Accept length moves with the wave's prompts or its load, which the model does not know.** A wave at "
-        f"concurrency c sends the first c prompts{' of its own seed' if hi_waves > 1 else ''}; measured MTP-4 at T 0, "
-        f"per round: {accept}." + (f" Mean accept length by concurrency: {by_load}." if by_load else "")
+        f"- **Accept length moves with the wave's load{'' if load_slope else ' (or its prompts)'}.** A wave at "
+        f"concurrency c sends the first c prompts{' of its own seed' if hi_waves > 1 else ''} (a cell marked n sends "
+        f"that many); measured MTP-4 at T 0, per round: {accept}."
+        + (f" Mean accept length by concurrency: {by_load}." if by_load else "")
         + (" The measurement cannot tell the prompt sample (the 8 prompts are the first 8 of the 64, which are the "
            "first 64 of the 256) from load: both change together." if hi_waves == 1 else
            " Each round's waves send other prompts, so a cell's prompts are several samples.")
-        + " The model's acceptance "
-        "depends on output position, temperature and draft depth only. Fitting weights waves by their prompts, so "
-        "the 8-prompt cells count least.",
+        + model_says + " Fitting weights waves by their prompts, so the 8-prompt cells count least.",
         *_between_runs(r.get("accept_between_runs")),
         f"- The measurement's own spread: the rounds lie within ±{lo_spread:.0%} to ±{hi_spread:.0%} of their mean, "
         "per cell; "
@@ -466,7 +475,8 @@ def render_md(r: Mapping[str, Any]) -> str:
         "## Another run, never fitted to",
         "",
         f"`{r['cross_check']['measurement']}`: another device session (each lease trains `/root/ckpt` afresh, same "
-        "shape and recipe; until 2026-12-02 for a wall-time budget, so not the same number of steps), max batch size {r['cross_check']['setup']['max_batch_size']}. Throughput within ±10 % in "
+        "shape and recipe; until 2026-12-02 for a wall-time budget, so not the same number of steps), max batch size "
+        f"{r['cross_check']['setup']['max_batch_size']}. Throughput within ±10 % in "
         f"{r['cross_check']['summary']['throughput_pass']} of {r['cross_check']['summary']['cells']}, accept length "
         f"within ±0.15 in {r['cross_check']['summary']['accept_pass']} of {r['cross_check']['summary']['accept_cells']}"
         + (". MTP off and MTP-3 (a draft count the grid lacks) at output 512, concurrency 64, two rounds; its PyTorch "
@@ -542,7 +552,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "seed": 0,
         "fitted": fitted,
         "held": {k: getattr(base, k) for k in ("decode_overhead_ms", "eff_bandwidth", "eff_decode_flops",
-                                               "eff_prefill_flops", "accept_pos_scale")},
+                                               "eff_prefill_flops", "accept_pos_scale", "accept_load_ref")},
         "fit_accept_rms": round(accept_rms, 4), "fit_throughput_log_rms": round(tput_rms, 4),
         "tolerances": {"throughput": THROUGHPUT_TOLERANCE, "accept_length": ACCEPT_TOLERANCE},
         "held_out": [ch.to_dict() for ch in held_checks],

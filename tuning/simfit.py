@@ -85,7 +85,8 @@ class WaveSetup:
 
 @dataclass(frozen=True)
 class MeasuredCell:
-    """One (config, output length, concurrency, temperature) cell: one wave per round that had no failure."""
+    """One (config, output length, concurrency, temperature, requests per wave) cell: one figure per round
+    (the mean of its waves that had no failure)."""
 
     engine: str
     num_draft_tokens: int
@@ -95,10 +96,18 @@ class MeasuredCell:
     throughputs: tuple[float, ...]
     accept_lengths: tuple[float, ...]
     excluded_waves: int
+    num_prompts: int = 0
+    """Requests per wave (``measure_turbomind.py --num-prompts``); 0: as many as the concurrency."""
+
+    @property
+    def requests(self) -> int:
+        """Requests per wave, as the bench sent them."""
+        return self.num_prompts or self.concurrency
 
     @property
     def name(self) -> str:
-        return f"{self.engine} o{self.output_len} c{self.concurrency} T{self.temperature:g}"
+        extra = f" n{self.requests}" if self.requests != self.concurrency else ""
+        return f"{self.engine} o{self.output_len} c{self.concurrency} T{self.temperature:g}{extra}"
 
     @property
     def held_out(self) -> bool:
@@ -138,8 +147,8 @@ class MeasuredCell:
     def to_dict(self) -> dict[str, Any]:
         return {"engine": self.engine, "num_draft_tokens": self.num_draft_tokens, "output_len": self.output_len,
                 "concurrency": self.concurrency, "temperature": self.temperature, "held_out": self.held_out,
-                "throughputs": list(self.throughputs), "accept_lengths": list(self.accept_lengths),
-                "excluded_waves": self.excluded_waves}
+                "requests": self.requests, "throughputs": list(self.throughputs),
+                "accept_lengths": list(self.accept_lengths), "excluded_waves": self.excluded_waves}
 
 
 def _draft_tokens(engine: str, engines: Mapping[str, Mapping[str, Any]]) -> int:
@@ -174,37 +183,44 @@ def mean_per_round(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def measured_cells(rows: Iterable[Mapping[str, Any]], engines: Mapping[str, Mapping[str, Any]], *,
                    backend: str = "pytorch") -> list[MeasuredCell]:
     """The cells of one engine backend from per-wave rows, one figure per round (:func:`mean_per_round`).
-    A wave with a failed request is left out (its throughput counts a missing request's time). Cells left
-    with no wave are dropped."""
+    A row's ``num_prompts`` (requests per wave; missing or 0: as many as the concurrency) is part of its
+    cell: waves of more requests than the concurrency are another workload. A wave with a failed request
+    is left out (its throughput counts a missing request's time). Cells left with no wave are dropped."""
     ours = [r for r in rows if engines.get(r["engine"], {}).get("backend") == backend]
+
+    def cell_key(r: Mapping[str, Any]) -> tuple[str, int, int, float, int]:
+        c = int(r["concurrency"])
+        n = int(r.get("num_prompts") or c)
+        return r["engine"], int(r["output_len"]), c, float(r["temperature"]), 0 if n == c else n
+
     failed: dict[tuple, int] = defaultdict(int)
     by_cell: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for r in ours:
-        key = (r["engine"], int(r["output_len"]), int(r["concurrency"]), float(r["temperature"]))
-        failed[key] += bool(r.get("failed"))
-        by_cell.setdefault(key, [])
+        failed[cell_key(r)] += bool(r.get("failed"))
+        by_cell.setdefault(cell_key(r), [])
     for r in mean_per_round(r for r in ours if not r.get("failed")):
-        by_cell[(r["engine"], int(r["output_len"]), int(r["concurrency"]), float(r["temperature"]))].append(r)
+        by_cell[cell_key(r)].append(r)
     cells = []
-    for (engine, output_len, concurrency, temperature), rounds in sorted(by_cell.items()):
+    for key, rounds in sorted(by_cell.items()):
         if not rounds:
             continue
+        engine, output_len, concurrency, temperature, num_prompts = key
         n_draft = _draft_tokens(engine, engines)
         cells.append(MeasuredCell(
             engine=engine, num_draft_tokens=n_draft, output_len=output_len, concurrency=concurrency,
             temperature=temperature, throughputs=tuple(r["output_throughput"] for r in rounds),
             accept_lengths=tuple(r["accept_length"] for r in rounds if n_draft and r["accept_length"]),
-            excluded_waves=failed[(engine, output_len, concurrency, temperature)]))
+            excluded_waves=failed[key], num_prompts=num_prompts))
     if not cells:
         raise SimFitError(f"no wave of a {backend!r} engine without failures in the measurement")
     return cells
 
 
 def simulate_cell(profile: Profile, cell: MeasuredCell, setup: WaveSetup, *, seed: int = 0) -> tuple[float, float | None]:
-    """(output tok/s, accept length) of the cell's wave run by the simulator in simulated time: one wave
-    of ``concurrency`` requests of fixed lengths, as measured."""
+    """(output tok/s, accept length) of the cell's wave run by the simulator in simulated time: the wave's
+    requests of fixed lengths at the cell's concurrency, closed loop, as measured."""
     s = simulate_workload(profile, input_len=setup.input_len, output_len=cell.output_len, range_ratio=1.0,
-                          num_prompts=cell.concurrency, concurrency=cell.concurrency,
+                          num_prompts=cell.requests, concurrency=cell.concurrency,
                           temperature=cell.temperature, seed=seed, params=setup.params(cell.num_draft_tokens))
     return s.output_throughput, s.accept_length
 
@@ -239,9 +255,11 @@ def coordinate_search(objective: Callable[[Mapping[str, float]], float], start: 
 
 
 ACCEPT_BOUNDS = {"accept_p0": (0.5, 0.999), "accept_temperature_slope": (0.0, 8.0),
-                 "accept_depth_penalty": (-1.0, 3.0), "accept_log_slope": (-2.0, 4.0)}
+                 "accept_depth_penalty": (-1.0, 3.0), "accept_log_slope": (-2.0, 4.0),
+                 "accept_load_slope": (-1.0, 2.0)}
 """The acceptance constants fitted and their bounds (``accept_pos_scale`` is held: with two output lengths
-the position curve has one degree of freedom, its log slope)."""
+the position curve has one degree of freedom, its log slope; ``accept_load_ref`` is held: the load slope
+moves acceptance relative to it, and ``accept_p0`` is acceptance there)."""
 
 STEP_BOUNDS = {"decode_overhead_per_seq_ms": (0.0, 0.1), "prefill_overhead_ms": (0.0, 50.0),
                "prefill_overhead_per_token_us": (0.0, 80.0), "draft_overhead_ms": (0.0, 10.0),
@@ -254,23 +272,22 @@ TurboMind assumption, are derived from it."""
 
 def fit_acceptance(profile: Profile, cells: Sequence[MeasuredCell]) -> tuple[dict[str, float], float]:
     """Acceptance constants minimising the squared accept-length error over the MTP cells given (the
-    model's analytic accept length of a fixed-length wave; the check then samples it in the simulator),
-    each cell weighted by its requests per wave: a wave's accept length is a mean over its prompts, and
-    its error from the prompt draw shrinks with their number (the rounds of a greedy cell repeat the
-    same prompts, so their spread does not show it). Returns the constants and the weighted
-    root-mean-square error."""
+    model's analytic accept length of a fixed-length wave, every step at the cell's concurrency; the check
+    then samples it in the simulator, whose batches shrink as a wave drains), each cell weighted by its
+    requests per wave: a wave's accept length is a mean over its prompts, and its error from the prompt
+    draw shrinks with their number. Returns the constants and the weighted root-mean-square error."""
     mtp = [c for c in cells if c.num_draft_tokens and c.accept_length is not None]
     if not mtp:
         raise SimFitError("no MTP cell with an accept length to fit the acceptance to")
 
     def sse(point: Mapping[str, float]) -> float:
         p = profile.replace(**point)
-        return sum(c.concurrency * (expected_accept_length(p, c.num_draft_tokens, c.temperature, c.output_len, 1.0)
-                                    - c.accept_length) ** 2 for c in mtp)
+        return sum(c.requests * (expected_accept_length(p, c.num_draft_tokens, c.temperature, c.output_len, 1.0,
+                                                        batch=c.concurrency) - c.accept_length) ** 2 for c in mtp)
 
     point, best = coordinate_search(sse, {k: getattr(profile, k) for k in ACCEPT_BOUNDS}, ACCEPT_BOUNDS,
                                     min_rel_step=0.001)
-    return point, math.sqrt(best / sum(c.concurrency for c in mtp))
+    return point, math.sqrt(best / sum(c.requests for c in mtp))
 
 
 def fit_step_overheads(profile: Profile, cells: Sequence[MeasuredCell], setup: WaveSetup, *,
