@@ -48,6 +48,7 @@ from tuning.simfit import (  # noqa: E402
     measured_cells,
     simulate_cell,
 )
+from tuning.stats import rounds_for_half_width  # noqa: E402
 
 MEASUREMENT = ROOT / "benchmarks" / "results" / "gpu_engine_grid_h200_2026-12-01.json"
 PROFILE = PROFILES_DIR / "qwen35-test-83m-1xh200.json"
@@ -347,6 +348,20 @@ def _between_runs(between: Mapping[str, Any] | None) -> list[str]:
             f"so no profile is within ±{ACCEPT_TOLERANCE:g} of every run there (the pooled mean it can still meet)."]
 
 
+def _rounds_needed(r: Mapping[str, Any]) -> str:
+    """What deciding the throughput bar would cost: rounds per cell for an interval of ±5 % (so that a
+    simulated figure 5 % off the mean passes ±10 % for every mean it allows) at the median round-to-round
+    variation of the cells measured in several rounds."""
+    cvs = [statistics.stdev(e["throughputs"]) / statistics.fmean(e["throughputs"])
+           for e in (*r["held_out"], *r["fit"]) if len(e["throughputs"]) >= 2]
+    if not cvs:
+        return ""
+    cv = statistics.median(cvs)
+    return (f" One round of a cell varies by {cv:.0%} (median coefficient of variation over {len(cvs)} cells of "
+            f"several rounds): an interval of ±5 %, which a simulated figure 5 % off the mean needs to pass, takes "
+            f"{rounds_for_half_width(cv, 0.05)} rounds per cell (`tuning.stats.rounds_for_half_width`).")
+
+
 def render_md(r: Mapping[str, Any]) -> str:
     held, fit = r["held_out_summary"], r["fit_summary"]
     diag = r.get("sampling_cost_diagnostic")
@@ -414,7 +429,8 @@ def render_md(r: Mapping[str, Any]) -> str:
         + (" Judged by the 95 % interval of each cell's mean instead (it narrows with rounds, where the range "
            f"widens): **{held['by_interval']['pass']} pass** (every mean the interval allows within ±10 % of the "
            f"simulated figure), **{held['by_interval']['fail']} fail** (none), {held['by_interval']['undecided']} "
-           "undecided." if "by_interval" in held else ""),
+           "undecided." if "by_interval" in held else "")
+        + _rounds_needed(r),
         f"- Accept length within ±0.15: **{held['accept_pass']} of {held['accept_cells']} MTP cells** (worst "
         f"{held['max_abs_accept_error']:.2f}).",
         f"- **Goal (±10 % throughput and ±0.15 accept length on held-out cells): "
@@ -446,27 +462,19 @@ def render_md(r: Mapping[str, Any]) -> str:
             f"(FIT log-RMS {diag['fit_throughput_log_rms']:.3f}) and puts held-out throughput within ±10 % in "
             f"{diag['throughput_pass']} of {diag['cells']} cells: the FIT half gives no evidence for such a term, "
             "so this data cannot say what the model needs beyond it.")
-    load_slope = r["fitted"].get("accept_load_slope")
-    if load_slope:
-        c64_accept = [e for e in r["held_out"] if e["concurrency"] == 64 and e["accept_ok"] is not None]
-        others = [e for e in r["held_out"] if e["concurrency"] != 64 and e["accept_ok"] is not None]
-        model_says = (
-            f" The model's acceptance has a load term (a logit shift of `accept_load_slope` x ln(batch / "
-            f"{r['held'].get('accept_load_ref', 64):g}) per decode step), fitted on concurrency 8 and 256: "
-            f"{load_slope:g}; the held-out cells at 64 then meet ±0.15 in {sum(bool(e['accept_ok']) for e in c64_accept)}"
-            f" of {len(c64_accept)}, the other held-out cells (MTP-4 sampled: draft depths 3-4 at T 0.8 from MTP-2's "
-            f"sampled and MTP-4's greedy cells) in {sum(bool(e['accept_ok']) for e in others)} of {len(others)}.")
-    else:
-        model_says = " The model's acceptance depends on output position, temperature and draft depth only."
     out += [
-        f"- **Accept length moves with the wave's load{'' if load_slope else ' (or its prompts)'}.** A wave at "
-        f"concurrency c sends the first c prompts{' of its own seed' if hi_waves > 1 else ''} (a cell marked n sends "
-        f"that many); measured MTP-4 at T 0, per round: {accept}."
-        + (f" Mean accept length by concurrency: {by_load}." if by_load else "")
+        "- **Accept length as counted rises with the wave's load.** A wave at concurrency c sends the first c "
+        f"prompts{' of its own seed' if hi_waves > 1 else ''} (a cell marked n sends that many); measured MTP-4 at "
+        f"T 0, per round: {accept}." + (f" Mean accept length by concurrency: {by_load}." if by_load else "")
         + (" The measurement cannot tell the prompt sample (the 8 prompts are the first 8 of the 64, which are the "
            "first 64 of the 256) from load: both change together." if hi_waves == 1 else
            " Each round's waves send other prompts, so a cell's prompts are several samples.")
-        + model_says + " Fitting weights waves by their prompts, so the 8-prompt cells count least.",
+        + " LMDeploy's counters see only the decode outputs that reach its server, under load a few per request "
+          "and always the last step, which counts by its length and untruncated (`tuning.bench.counters`; "
+          "`accept_counting_check_2026-12-02.md`): at high concurrency the measured figure exceeds the engine's "
+          "tokens per step. The model's acceptance depends on output position, temperature and draft depth only, "
+          "and is compared with the counted figure as measured. Fitting weights waves by their prompts, so the "
+          "8-prompt cells count least.",
         *_between_runs(r.get("accept_between_runs")),
         f"- The measurement's own spread: the rounds lie within ±{lo_spread:.0%} to ±{hi_spread:.0%} of their mean, "
         "per cell; "
@@ -552,7 +560,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "seed": 0,
         "fitted": fitted,
         "held": {k: getattr(base, k) for k in ("decode_overhead_ms", "eff_bandwidth", "eff_decode_flops",
-                                               "eff_prefill_flops", "accept_pos_scale", "accept_load_ref")},
+                                               "eff_prefill_flops", "accept_pos_scale")},
         "fit_accept_rms": round(accept_rms, 4), "fit_throughput_log_rms": round(tput_rms, 4),
         "tolerances": {"throughput": THROUGHPUT_TOLERANCE, "accept_length": ACCEPT_TOLERANCE},
         "held_out": [ch.to_dict() for ch in held_checks],

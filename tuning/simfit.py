@@ -255,11 +255,9 @@ def coordinate_search(objective: Callable[[Mapping[str, float]], float], start: 
 
 
 ACCEPT_BOUNDS = {"accept_p0": (0.5, 0.999), "accept_temperature_slope": (0.0, 8.0),
-                 "accept_depth_penalty": (-1.0, 3.0), "accept_log_slope": (-2.0, 4.0),
-                 "accept_load_slope": (-1.0, 2.0)}
+                 "accept_depth_penalty": (-1.0, 3.0), "accept_log_slope": (-2.0, 4.0)}
 """The acceptance constants fitted and their bounds (``accept_pos_scale`` is held: with two output lengths
-the position curve has one degree of freedom, its log slope; ``accept_load_ref`` is held: the load slope
-moves acceptance relative to it, and ``accept_p0`` is acceptance there)."""
+the position curve has one degree of freedom, its log slope)."""
 
 STEP_BOUNDS = {"decode_overhead_per_seq_ms": (0.0, 0.1), "prefill_overhead_ms": (0.0, 50.0),
                "prefill_overhead_per_token_us": (0.0, 80.0), "draft_overhead_ms": (0.0, 10.0),
@@ -272,9 +270,8 @@ TurboMind assumption, are derived from it."""
 
 def fit_acceptance(profile: Profile, cells: Sequence[MeasuredCell]) -> tuple[dict[str, float], float]:
     """Acceptance constants minimising the squared accept-length error over the MTP cells given (the
-    model's analytic accept length of a fixed-length wave, every step at the cell's concurrency; the check
-    then samples it in the simulator, whose batches shrink as a wave drains), each cell weighted by its
-    requests per wave: a wave's accept length is a mean over its prompts, and its error from the prompt
+    model's analytic accept length of a fixed-length wave; the check then samples it in the simulator),
+    each cell weighted by its requests per wave: a wave's accept length is a mean over its prompts, and its error from the prompt
     draw shrinks with their number. Returns the constants and the weighted root-mean-square error."""
     mtp = [c for c in cells if c.num_draft_tokens and c.accept_length is not None]
     if not mtp:
@@ -282,8 +279,8 @@ def fit_acceptance(profile: Profile, cells: Sequence[MeasuredCell]) -> tuple[dic
 
     def sse(point: Mapping[str, float]) -> float:
         p = profile.replace(**point)
-        return sum(c.requests * (expected_accept_length(p, c.num_draft_tokens, c.temperature, c.output_len, 1.0,
-                                                        batch=c.concurrency) - c.accept_length) ** 2 for c in mtp)
+        return sum(c.requests * (expected_accept_length(p, c.num_draft_tokens, c.temperature, c.output_len, 1.0)
+                                 - c.accept_length) ** 2 for c in mtp)
 
     point, best = coordinate_search(sse, {k: getattr(profile, k) for k in ACCEPT_BOUNDS}, ACCEPT_BOUNDS,
                                     min_rel_step=0.001)

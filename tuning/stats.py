@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["PooledNoise", "categorical_homogeneity_test", "chi_square_statistic", "mean_confidence_interval",
-           "t_quantile"]
+           "rounds_for_half_width", "t_quantile"]
 
 
 def t_quantile(p: float, df: int) -> float:
@@ -53,6 +53,18 @@ def mean_confidence_interval(samples: Sequence[float], level: float = 0.95) -> t
         return mean, mean, mean
     half = t_quantile(0.5 + level / 2, len(samples) - 1) * statistics.stdev(samples) / math.sqrt(len(samples))
     return mean, mean - half, mean + half
+
+
+def rounds_for_half_width(cv: float, half_width: float, level: float = 0.95, *, max_rounds: int = 10_000) -> int:
+    """The fewest rounds (>= 2) whose ``level`` t-interval of the mean is at most ``±half_width`` (relative)
+    when one round varies by ``cv`` (its standard deviation over the mean): what a measurement must cost
+    before it can decide a relative bar. ``max_rounds`` bounds the search (a near-zero half-width)."""
+    if cv < 0 or half_width <= 0:
+        raise ValueError(f"cv={cv}, half_width={half_width}; allowed: cv >= 0, half_width > 0")
+    n = 2
+    while n < max_rounds and t_quantile(0.5 + level / 2, n - 1) * cv / math.sqrt(n) > half_width:
+        n += 1
+    return n
 
 
 @dataclass(frozen=True)

@@ -359,6 +359,9 @@ def main(argv: list[str] | None = None) -> int:
                                "completed": r.get("completed"), "failed": r.get("failed"),
                                "failure_reasons": r.get("failure_reasons") or None,
                                "accept_length": r.get("accept_length"),
+                               # the counters' deltas: how many decode outputs they saw per request says
+                               # how far the counted accept length is biased (tuning.bench.counters)
+                               "spec_counters": r.get("spec_counters") or None,
                                "ttft_ms_median": (r.get("ttft_ms") or {}).get("median"),
                                "tpot_ms_median": (r.get("tpot_ms") or {}).get("median"),
                                "at_s": round(time.monotonic() - t0, 1)}

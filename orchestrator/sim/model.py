@@ -34,10 +34,7 @@ Acceptance model: the draft at depth ``k`` (1-based) is accepted with conditiona
 ``sigmoid(logit(p0) + log_slope * ln(1 + pos / pos_scale) - temperature_slope * T - depth_penalty * (k - 1))``
 -- logistic in log-position: it rises with output position (long outputs settle into predictable
 text, as the published accept lengths 2.97 @1024 ... 3.63 @16000 show), falls with temperature and
-with draft depth -- and only if drafts ``1..k-1`` were accepted (chain). A profile may add
-``load_slope * ln(b / load_ref)`` for a step that decodes ``b`` sequences: acceptance as LMDeploy
-counts it rises with the batch over one and the same prompt set, greedy and sampled, for reasons the
-engine's source does not show; without that term a profile fitted at one load over-predicts low load.
+with draft depth -- and only if drafts ``1..k-1`` were accepted (chain).
 """
 from __future__ import annotations
 
@@ -63,10 +60,8 @@ __all__ = [
     "SimModelError",
     "load_profile",
     "list_profiles",
-    "acceptance_table",
     "emission_schedule",
     "expected_accept_length",
-    "step_emission",
 ]
 
 PROFILES_DIR = Path(__file__).with_name("profiles")
@@ -151,9 +146,6 @@ class Profile:
     # host-side overheads that grow with the batch (0 where the fit folded them into the efficiencies)
     decode_overhead_per_seq_ms: float = 0.0
     prefill_overhead_per_token_us: float = 0.0
-    # acceptance against the decode batch (0: acceptance does not depend on load)
-    accept_load_slope: float = 0.0
-    accept_load_ref: float = 64.0
     backend: str = "pytorch"
     """The engine these constants describe (set by :meth:`for_backend`, never by the profile file)."""
     extra: dict = field(default_factory=dict)
@@ -292,28 +284,15 @@ def _logit(p: float) -> float:
     return math.log(p / (1 - p))
 
 
-_LOAD_BINS_PER_OCTAVE = 4  # a load term is tabulated at quarter-octave batch sizes (smooth in ln b)
-
-
-def _load_bin(profile: Profile, batch: float | None) -> float | None:
-    """The batch size an acceptance table is built for: ``None`` where acceptance ignores load."""
-    if not profile.accept_load_slope or batch is None:
-        return None
-    b = max(float(batch), 1.0)
-    return 2.0 ** (round(_LOAD_BINS_PER_OCTAVE * math.log2(b)) / _LOAD_BINS_PER_OCTAVE)
-
-
-@functools.lru_cache(maxsize=512)
-def _accept_table(profile: Profile, num_draft_tokens: int, temperature: float,
-                  batch: float | None) -> tuple[tuple[float, ...], ...]:
+@functools.lru_cache(maxsize=64)
+def _accept_table(profile: Profile, num_draft_tokens: int, temperature: float) -> tuple[tuple[float, ...], ...]:
     """``table[pos // 16][k-1]`` = P(drafts 1..k all accepted) at that output position."""
     rows = []
     n_bins = min(profile.max_context, 65536) // _POS_BIN + 2  # saturated well before 64k
-    load = 0.0 if batch is None else profile.accept_load_slope * math.log(batch / profile.accept_load_ref)
     for b in range(n_bins):
         pos = b * _POS_BIN + _POS_BIN / 2
         base = (_logit(profile.accept_p0) + profile.accept_log_slope * math.log1p(pos / profile.accept_pos_scale)
-                - profile.accept_temperature_slope * temperature + load)
+                - profile.accept_temperature_slope * temperature)
         cum, row = 1.0, []
         for k in range(num_draft_tokens):
             cum *= _sigmoid(base - profile.accept_depth_penalty * k)
@@ -322,48 +301,34 @@ def _accept_table(profile: Profile, num_draft_tokens: int, temperature: float,
     return tuple(rows)
 
 
-def acceptance_table(profile: Profile, num_draft_tokens: int, temperature: float,
-                     batch: float | None = None) -> tuple[tuple[float, ...], ...]:
-    """P(drafts 1..k all accepted) by output position (rows of 16 positions) for a step decoding
-    ``batch`` sequences (ignored by a profile without a load term). Cached."""
-    return _accept_table(profile, num_draft_tokens, round(float(temperature), 3), _load_bin(profile, batch))
-
-
-def step_emission(table: tuple[tuple[float, ...], ...], pos: int, remaining: int, draw: float) -> int:
-    """Tokens one decode step emits for a sequence at output position ``pos`` with ``remaining`` tokens
-    to go: ``1 + accepted drafts``, the drafts accepted while ``draw`` (uniform) falls under the chain's
-    probabilities, capped at ``remaining``."""
-    a = 0
-    for c in table[min(pos // _POS_BIN, len(table) - 1)]:
-        if draw < c:
-            a += 1
-        else:
-            break
-    return a + 1 if a + 1 < remaining else remaining
-
-
-def emission_schedule(profile: Profile, num_draft_tokens: int, temperature: float, num_tokens: int, rng: Any,
-                      batch: float | None = None) -> list[int]:
-    """Tokens emitted by each decode step of one sequence after its first (prefill) token, every step
-    in a batch of ``batch`` sequences.
+def emission_schedule(profile: Profile, num_draft_tokens: int, temperature: float, num_tokens: int, rng: Any) -> list[int]:
+    """Tokens emitted by each decode step of one sequence after its first (prefill) token.
 
     ``sum(result) == num_tokens - 1``; each entry is ``1 + accepted drafts`` (capped at the end so the
-    sequence never exceeds ``num_tokens``). One uniform draw per step from the sequence's own seeded
-    ``rng`` (numpy Generator), in step order: the scheduler draws the same numbers up front and applies
-    them step by step at the batch each step runs in.
+    sequence never exceeds ``num_tokens``). Acceptance depends only on the sequence's own position and
+    temperature, so the schedule is drawn once per request from its own seeded ``rng`` (numpy Generator).
     """
     remaining = num_tokens - 1
     if remaining <= 0:
         return []
     if num_draft_tokens == 0:
         return [1] * remaining
-    table = acceptance_table(profile, num_draft_tokens, temperature, batch)
+    table = _accept_table(profile, num_draft_tokens, round(float(temperature), 3))
+    last = len(table) - 1
+    draws = rng.random(remaining).tolist()
     out: list[int] = []
-    pos = 1
-    for v in rng.random(remaining).tolist():
-        if remaining <= 0:
-            break
-        e = step_emission(table, pos, remaining, v)
+    pos, j = 1, 0
+    while remaining > 0:
+        row = table[min(pos // _POS_BIN, last)]
+        v = draws[j]
+        j += 1
+        a = 0
+        for c in row:
+            if v < c:
+                a += 1
+            else:
+                break
+        e = a + 1 if a + 1 < remaining else remaining
         out.append(e)
         remaining -= e
         pos += e
@@ -371,9 +336,8 @@ def emission_schedule(profile: Profile, num_draft_tokens: int, temperature: floa
 
 
 def expected_accept_length(profile: Profile, num_draft_tokens: int, temperature: float, output_len: int,
-                           range_ratio: float = 0.5, batch: float | None = None) -> float:
-    """Analytic accept length (1 + accepted/drafts) for the random dataset's output-length bucket, every
-    step in a batch of ``batch`` sequences.
+                           range_ratio: float = 0.5) -> float:
+    """Analytic accept length (1 + accepted/drafts) for the random dataset's output-length bucket.
 
     Steps are spent at position ``pos`` at rate ``1 / (1 + a(pos))``, so the accept length is the
     harmonic mean of ``1 + a(pos)`` over positions, weighted by how many requests reach ``pos``.
@@ -381,7 +345,7 @@ def expected_accept_length(profile: Profile, num_draft_tokens: int, temperature:
     """
     if num_draft_tokens == 0:
         return 1.0
-    table = acceptance_table(profile, num_draft_tokens, temperature, batch)
+    table = _accept_table(profile, num_draft_tokens, round(float(temperature), 3))
     lo = max(int(output_len * range_ratio), 1)
     tokens = steps = 0.0
     for b in range(0, output_len // _POS_BIN + 1):

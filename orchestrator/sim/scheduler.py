@@ -21,22 +21,20 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.sim.model import EngineParams, PerformanceModel, Profile, acceptance_table, load_profile, step_emission
+from orchestrator.sim.model import EngineParams, PerformanceModel, Profile, emission_schedule, load_profile
 
 __all__ = ["SimRequest", "StepResult", "Scheduler", "SimSummary", "simulate_workload", "make_request"]
 
 
 @dataclass(eq=False)
 class SimRequest:
-    """One request inside the engine. ``draws`` are its per-step acceptance draws (uniform, drawn at
-    creation); what a step emits also depends on the batch that step runs in (the profile's load term)."""
+    """One request inside the engine. ``schedule`` is its per-step emission (drawn at creation)."""
 
     request_id: str
     prompt_tokens: int
     num_tokens: int  # tokens it will generate (max_tokens, or fewer if it samples EOS)
-    draws: list[float]
+    schedule: list[int]
     arrival_time: float = 0.0
-    temperature: float = 0.0
     # mutable engine state
     prefill_remaining: int = 0
     context: int = 0
@@ -54,14 +52,13 @@ class SimRequest:
 def make_request(model: PerformanceModel, request_id: str, prompt_tokens: int, max_tokens: int, *,
                  temperature: float = 0.0, ignore_eos: bool = True, seed: int = 0,
                  arrival_time: float = 0.0) -> SimRequest:
-    """Draw a request's output length (EOS) and acceptance draws (one per decode step it can take) from
-    its own seeded RNG, in the order :func:`~orchestrator.sim.model.emission_schedule` draws them."""
+    """Draw a request's output length (EOS) and acceptance schedule from its own seeded RNG."""
     rng = np.random.default_rng(seed)
     num_tokens = max(1, int(max_tokens))
     if not ignore_eos and model.profile.eos_prob_per_token > 0:
         num_tokens = min(num_tokens, int(rng.geometric(model.profile.eos_prob_per_token)))
-    draws = rng.random(num_tokens - 1).tolist() if model.n_draft and num_tokens > 1 else []
-    return SimRequest(request_id, max(1, int(prompt_tokens)), num_tokens, draws, arrival_time, float(temperature))
+    schedule = emission_schedule(model.profile, model.n_draft, temperature, num_tokens, rng)
+    return SimRequest(request_id, max(1, int(prompt_tokens)), num_tokens, schedule, arrival_time)
 
 
 @dataclass
@@ -154,17 +151,8 @@ class Scheduler:
         if n_seqs:
             still: list[SimRequest] = []
             added = 0
-            tables: dict[float, tuple[tuple[float, ...], ...]] = {}  # by temperature, at this step's batch
             for req in self.decoding:
-                if n_draft:
-                    table = tables.get(req.temperature)
-                    if table is None:
-                        table = tables[req.temperature] = acceptance_table(model.profile, n_draft, req.temperature,
-                                                                           n_seqs)
-                    e = step_emission(table, req.generated, req.num_tokens - req.generated,
-                                      req.draws[req.step_index])
-                else:
-                    e = 1
+                e = req.schedule[req.step_index]
                 req.step_index += 1
                 req.generated += e
                 req.context += e

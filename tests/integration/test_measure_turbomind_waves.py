@@ -35,6 +35,11 @@ def test_waves_send_their_own_prompts_and_a_round_is_the_mean_of_its_waves(tmp_p
                  if r["engine"] == "pytorch-mtp2" and r["round"] == rnd and r["temperature"] == 0.8]
         assert figure == pytest.approx(sum(waves) / 3, abs=0.05)
     assert "3 measured waves per cell per round" in (out / "turbomind_results.md").read_text()
+    # every wave keeps the engine's counter deltas: how many decode outputs they saw says how biased the
+    # counted accept length is (tuning.bench.counters); MTP off counts no drafts
+    for r in rows:
+        drafts = (r["spec_counters"] or {}).get("num_drafts", 0.0)
+        assert (drafts > 0) == (r["engine"] == "pytorch-mtp2"), r
 
 
 def test_waves_must_be_positive(tmp_path, capsys):

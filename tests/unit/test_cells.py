@@ -13,7 +13,7 @@ from orchestrator import table
 from orchestrator.config import EngineConfig
 from orchestrator.fsutil import utc_now_iso
 from tuning.cells import CellMeasurement, choose_cells, predict_mix
-from tuning.stats import mean_confidence_interval, t_quantile
+from tuning.stats import mean_confidence_interval, rounds_for_half_width, t_quantile
 
 
 def _cfg(drafts: int) -> dict:
@@ -130,6 +130,17 @@ def test_bad_inputs_are_refused():
 @pytest.mark.parametrize("df, expected", [(1, 12.7062), (2, 4.3027), (3, 3.1824), (5, 2.5706), (30, 2.0423)])
 def test_t_quantiles(df, expected):
     assert t_quantile(0.975, df) == pytest.approx(expected, rel=2e-3)
+
+
+def test_rounds_for_a_half_width_are_the_fewest_whose_interval_is_that_narrow():
+    """10 % per round, ±5 %: 17 rounds give 2.120 x 0.10 / sqrt(17) = 5.14 %, 18 give 2.110 x 0.10 / sqrt(18)
+    = 4.97 %."""
+    assert rounds_for_half_width(0.10, 0.05) == 18
+    n = rounds_for_half_width(0.13, 0.05)
+    assert t_quantile(0.975, n - 1) * 0.13 / n**0.5 <= 0.05 < t_quantile(0.975, n - 2) * 0.13 / (n - 1) ** 0.5
+    assert rounds_for_half_width(0.0, 0.05) == 2  # a figure that never moves: the fewest rounds with a spread
+    with pytest.raises(ValueError):
+        rounds_for_half_width(0.1, 0.0)
 
 
 def test_confidence_interval_edges():

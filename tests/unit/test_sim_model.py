@@ -4,17 +4,8 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.errors import OrchestratorError
-from orchestrator.sim.model import (
-    DEFAULT_PROFILE,
-    EngineParams,
-    PerformanceModel,
-    SimModelError,
-    SimOutOfMemory,
-    emission_schedule,
-    expected_accept_length,
-    load_profile,
-)
-from orchestrator.sim.scheduler import Scheduler, make_request, simulate_workload
+from orchestrator.sim.model import DEFAULT_PROFILE, EngineParams, PerformanceModel, SimModelError, SimOutOfMemory, load_profile
+from orchestrator.sim.scheduler import simulate_workload
 from orchestrator.sim.tokenizer import count_tokens, sample_text
 
 PROFILE = load_profile(DEFAULT_PROFILE)
@@ -88,37 +79,3 @@ def test_tokenizer_counts_sampled_text_exactly() -> None:
     rng = random.Random(1)
     for n in (1, 7, 1024, 50_000):
         assert count_tokens(sample_text(n, rng)) == n
-
-
-def test_acceptance_follows_the_decode_batch_only_in_a_profile_with_a_load_term() -> None:
-    """The same 64 requests (same seeds, same draws) at concurrency 4 and 64: without a load term they
-    accept exactly alike; with one, the larger batch accepts more, as the analytic figure says."""
-    def accept(profile, concurrency):
-        return simulate_workload(profile, 4, input_len=256, output_len=256, range_ratio=1.0, num_prompts=64,
-                                 concurrency=concurrency, temperature=0.8, seed=1).accept_length
-
-    flat = load_profile("qwen35-test-83m-1xh200")
-    assert flat.accept_load_slope == 0.0 and accept(flat, 4) == accept(flat, 64)
-    loaded = flat.replace(accept_load_slope=0.3)
-    low, high = accept(loaded, 4), accept(loaded, 64)
-    assert high > low + 0.3
-    for concurrency, simulated in ((4, low), (64, high)):
-        analytic = expected_accept_length(loaded, 4, 0.8, 256, 1.0, batch=concurrency)
-        assert simulated == pytest.approx(analytic, abs=0.1)
-    assert expected_accept_length(loaded, 4, 0.8, 256, 1.0, batch=64) == expected_accept_length(flat, 4, 0.8, 256, 1.0)
-
-
-def test_the_engine_emits_a_sequences_schedule_step_by_step() -> None:
-    """A lone request in the scheduler emits exactly its ``emission_schedule`` at batch 1: the draws are
-    taken up front in the same order and applied step by step at the batch each step runs in."""
-    import numpy as np
-
-    profile = load_profile("qwen35-test-83m-1xh200").replace(accept_load_slope=0.3)
-    model = PerformanceModel(profile, EngineParams(num_draft_tokens=3, memory_fraction=0.5))
-    sched = Scheduler(model)
-    sched.add(make_request(model, "r", 64, 300, temperature=0.8, seed=7))
-    emitted = []
-    while sched.has_work():
-        emitted += [e for _, e, _ in sched.step().emissions]
-    assert emitted[0] == 1 and sum(emitted) == 300  # the prefill's token, then the decode steps
-    assert emitted[1:] == emission_schedule(profile, 3, 0.8, 300, np.random.default_rng(7), batch=1)

@@ -1,10 +1,20 @@
-"""The engine's speculative-decoding counters from its Prometheus page, and the accept length they
-give. Pure."""
+"""The engine's speculative-decoding counters from its Prometheus page, the accept length they give,
+and what that figure means under load. Pure.
+
+Why the last part: LMDeploy 0.18 adds a decode step's draft statistics to these counters only for the
+outputs that reach the api_server, and its output path keeps only the newest step per request (the
+engine loop sends the newest step per session, the response slot is overwritten, the multiprocess
+mailbox coalesces). The finishing output always arrives. So under load the counters see a few steps per
+request, one of them the last: the step that crosses ``max_tokens``, picked in proportion to its length
+(an inspection paradox) and counted with every accepted draft, even those cut off by ``max_tokens``.
+The accept length they give then exceeds the engine's tokens per step, the more so the fewer outputs
+per request arrive (higher load, shorter outputs)."""
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-__all__ = ["SPEC_COUNTER_NAMES", "accept_length_from_counters", "parse_gauge", "parse_spec_counters"]
+__all__ = ["SPEC_COUNTER_NAMES", "accept_length_from_counters", "accept_length_label", "chain_accept_distribution",
+           "counted_accept_length", "outputs_per_request", "parse_gauge", "parse_spec_counters"]
 
 
 SPEC_COUNTER_NAMES: dict[str, str] = {
@@ -61,3 +71,47 @@ def accept_length_from_counters(delta: Mapping[str, float], num_draft_tokens: in
         if steps <= 0:
             return None
     return 1.0 + accepted / steps
+
+
+def outputs_per_request(delta: Mapping[str, float], completed: int) -> float | None:
+    """Decode outputs the counters saw per finished request (``Δnum_drafts / completed``): about the steps
+    a request took when every output arrives, near 1 when only the finishing one does."""
+    drafts = float(delta.get("num_drafts", 0.0))
+    if completed <= 0 or drafts <= 0:
+        return None
+    return drafts / completed
+
+
+def chain_accept_distribution(per_draft: float, num_draft_tokens: int) -> tuple[float, ...]:
+    """``P(A = k)``, k = 0..N, of the drafts one step accepts when each draft is accepted with probability
+    ``per_draft`` given the ones before it (a chain: the first rejection ends the step)."""
+    if not 0.0 <= per_draft <= 1.0 or num_draft_tokens < 1:
+        raise ValueError(f"per_draft={per_draft}, num_draft_tokens={num_draft_tokens}; allowed: 0..1 and >= 1")
+    return tuple(per_draft**k * (1 - per_draft) for k in range(num_draft_tokens)) + (per_draft**num_draft_tokens,)
+
+
+def counted_accept_length(tokens_per_step: float, last_step: Sequence[float], outputs: float) -> float:
+    """The accept length the counters report when each request delivers ``outputs`` decode outputs: its
+    last step plus ``outputs - 1`` others taken evenly over its steps.
+
+    ``tokens_per_step`` is the engine's true accept length (tokens over steps, what an even sample of
+    steps reports); ``last_step`` is ``P(A = k)`` for a step at the end of the output. The step that
+    crosses ``max_tokens`` is chosen in proportion to its length ``1 + A``, so it counts on average
+    ``E[(1 + A)^2] / E[1 + A]``, untruncated."""
+    if outputs < 1:
+        raise ValueError(f"outputs={outputs}; allowed: >= 1 (the finishing output always arrives)")
+    first = sum((1 + k) * p for k, p in enumerate(last_step))
+    second = sum((1 + k) ** 2 * p for k, p in enumerate(last_step))
+    return ((outputs - 1) * tokens_per_step + second / first) / outputs
+
+
+def accept_length_label(accept_length: float | None, delta: Mapping[str, float], completed: int) -> str:
+    """The accept length as a bench summary shows it: with the decode outputs per request it was counted
+    over, and a warning where that is so few that the figure is mostly each request's last step."""
+    if accept_length is None:
+        return "n/a"
+    outputs = outputs_per_request(delta, completed)
+    if outputs is None:
+        return f"{accept_length:.3f}"
+    text = f"{accept_length:.3f} (counted over {outputs:.1f} decode outputs per request"
+    return text + ("; mostly each request's last step, so above the engine's tokens per step)" if outputs < 5 else ")")
