@@ -23,7 +23,7 @@
 #       GRID_ENGINES=pytorch-mtp-off,pytorch-mtp2,pytorch-mtp4 GRID_ROUNDS=2 GRID_WAVES=3 GRID_SAMPLING=0 ... grid 1000
 #       (both output lengths: with one, the fit cannot tell prefill cost from per-sequence decode cost).
 #       GRID_PROMPTS=256 sends that many requests per cell whatever the concurrency (one prompt set at every load):
-#       does sampled acceptance follow the load or the prompts? ~6 min after t1:
+#       (2026-12-02: the counted accept length rises with load over one prompt set: LMDeploy's counting), ~6 min after t1:
 #       GRID_ENGINES=pytorch-mtp4 GRID_CONC=8,64,256 GRID_PROMPTS=256 GRID_OUTPUT=128 GRID_ROUNDS=1 GRID_SAMPLING=0 ... grid
 #   then, until it says done:  OUT=$OUT bash benchmarks/gpu/turbomind_device.sh collect
 #   (every *collect step waits for the job up to WAIT_S s (device_env.sh), holding the machine: call it again at once,
@@ -152,7 +152,8 @@ case $STEP in
     python3 -c "import lmdeploy, flash_attn_interface, fla; print('lmdeploy', lmdeploy.__version__)" || exit 1
     wait_for_weights
     grep -E "saved|expected accept|exit|Error" /root/tm/train.log | tail -4
-    mkdir -p /root/tm/grid && rm -f /root/tm/grid/done && cp /root/tm/train.log /root/ckpt/train_report.json /root/ckpt/mtp_expected.json /root/tm/grid/
+    # the training's report follows its weights by ~30 s: the job copies it again when it ends
+    mkdir -p /root/tm/grid && rm -f /root/tm/grid/done && cp /root/tm/train.log /root/tm/grid/
     python3 benchmarks/gpu/measure_mtp.py --versions > /root/tm/grid/versions.json 2>&1
     setsid nohup bash -c "source benchmarks/gpu/device_env.sh; source /root/tm/env.sh;
       [ \"${GRID_SAMPLING:-1}\" = 1 ] && MTP_TEST_CHECKPOINT=/root/ckpt timeout 700 python3 -m pytest \
@@ -161,6 +162,7 @@ case $STEP in
         --engines ${GRID_ENGINES:-turbomind,pytorch-mtp-off,pytorch-mtp2,pytorch-mtp4} --concurrency ${GRID_CONC:-8,64,256} \
         --output-len ${GRID_OUTPUT:-512,128} --temperatures 0,0.8 --rounds ${GRID_ROUNDS:-2} --waves ${GRID_WAVES:-1} ${GRID_PROMPTS:+--num-prompts $GRID_PROMPTS} --deadline-s ${2:-900} \
         > /root/tm/grid/measure.log 2>&1;
+      cp /root/ckpt/train_report.json /root/ckpt/mtp_expected.json /root/tm/train.log /root/tm/grid/ 2>/dev/null;
       touch /root/tm/grid/done" > /root/tm/grid/job.log 2>&1 < /dev/null &
     sleep 5; echo "grid started"
     ;;
