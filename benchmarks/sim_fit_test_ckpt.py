@@ -48,7 +48,7 @@ from tuning.simfit import (  # noqa: E402
     measured_cells,
     simulate_cell,
 )
-from tuning.stats import rounds_for_half_width  # noqa: E402
+from tuning.stats import PooledNoise, rounds_for_half_width  # noqa: E402
 
 MEASUREMENT = ROOT / "benchmarks" / "results" / "gpu_engine_grid_h200_2026-12-01.json"
 PROFILE = PROFILES_DIR / "qwen35-test-83m-1xh200.json"
@@ -81,7 +81,8 @@ def rows_of(measurement: Mapping[str, Any]) -> list[dict[str, Any]]:
     workload = measurement["workload"]
     fixed = {k: workload[k] for k in ("output_len", "concurrency") if isinstance(workload.get(k), int)}
     rows = [{**fixed, **row} for row in measurement["rows"]]
-    return [{**row, "num_prompts": workload.get("num_prompts") or row["concurrency"]} for row in rows]
+    return [{**row, "num_prompts": row.get("num_prompts") or workload.get("num_prompts") or row["concurrency"]}
+            for row in rows]
 
 
 def pooled(measurements: Sequence[Mapping[str, Any]]) -> tuple[WaveSetup, list[dict[str, Any]], dict[str, Any]]:
@@ -350,16 +351,17 @@ def _between_runs(between: Mapping[str, Any] | None) -> list[str]:
 
 def _rounds_needed(r: Mapping[str, Any]) -> str:
     """What deciding the throughput bar would cost: rounds per cell for an interval of ±5 % (so that a
-    simulated figure 5 % off the mean passes ±10 % for every mean it allows) at the median round-to-round
-    variation of the cells measured in several rounds."""
-    cvs = [statistics.stdev(e["throughputs"]) / statistics.fmean(e["throughputs"])
-           for e in (*r["held_out"], *r["fit"]) if len(e["throughputs"]) >= 2]
-    if not cvs:
+    simulated figure 5 % off the mean passes ±10 % for every mean it allows) at the round-to-round noise
+    pooled over the cells measured in several rounds (:class:`tuning.stats.PooledNoise`: two rounds per cell
+    leave each cell's own spread nearly unknown, and a median of such spreads reads low)."""
+    noise = PooledNoise.of(e["throughputs"] for e in (*r["held_out"], *r["fit"]))
+    if noise is None:
         return ""
-    cv = statistics.median(cvs)
-    return (f" One round of a cell varies by {cv:.0%} (median coefficient of variation over {len(cvs)} cells of "
-            f"several rounds): an interval of ±5 %, which a simulated figure 5 % off the mean needs to pass, takes "
-            f"{rounds_for_half_width(cv, 0.05)} rounds per cell (`tuning.stats.rounds_for_half_width`).")
+    rounds = rounds_for_half_width(noise.sd, 0.05)
+    return (f" One round of a cell varies by {noise.sd:.1%} (standard deviation of log throughput pooled over "
+            f"the cells of several rounds, {noise.df} degrees of freedom): an interval of ±5 %, which a simulated "
+            f"figure 5 % off the mean needs to pass, takes {rounds} rounds per cell "
+            "(`tuning.stats.rounds_for_half_width`).")
 
 
 def render_md(r: Mapping[str, Any]) -> str:
@@ -380,6 +382,8 @@ def render_md(r: Mapping[str, Any]) -> str:
     below_one = sum(v < 1 for v in facts["mtp_off_greedy_over_sampled"].values())
     by_load = "; ".join(f"{k}: " + ", ".join(f"{v:.2f} at c{c}" for c, v in levels.items())
                         for k, levels in facts.get("accept_length_by_concurrency", {}).items())
+    entries = [e for e in (*r["held_out"], *r["fit"]) if e.get("num_draft_tokens")]
+    counted = sum(e.get("counted_outputs") is not None for e in entries)
     c64 = {}
     for label, sampled in (("greedy", False), ("sampled", True)):
         errors = [e["throughput_error"] for e in r["held_out"] if e["concurrency"] == 64 and (e["temperature"] > 0) == sampled]
@@ -395,7 +399,13 @@ def render_md(r: Mapping[str, Any]) -> str:
         f"({rounds_text} per cell, interleaved between the engines, {waves_text}; a wave with a failed request is "
         "left out, as in the measurement's own summary). Simulated figure: the simulator's closed-loop benchmark "
         "(`orchestrator.sim.scheduler.simulate_workload`, the scheduler the simulated server runs) on one wave of "
-        "the cell's requests, fixed lengths, the engines' flags, seed 0, with the profile as stored.",
+        "the cell's requests, fixed lengths, the engines' flags, seed 0, with the profile as stored"
+        + (f"; its accept length as LMDeploy's counters would count it where the measurement kept their deltas "
+           f"({counted} of {len(entries)} cells: over the outputs per request those counters saw, the last step "
+           "length-biased; `tuning.simfit.as_counted`)" if counted else
+           "; no cell kept the counters' deltas, so accept lengths are compared as counted (under load mostly each "
+           "request's last step) against the model's tokens per step")
+        + ".",
         "",
         f"**Split, fixed before fitting:** {r['split_rule']} FIT {r['fit_cells']} cells, HELD-OUT {r['held_out_cells']}.",
         "",
@@ -404,7 +414,8 @@ def render_md(r: Mapping[str, Any]) -> str:
            "not stored in the profile" + (f", which keeps the fit of `{r['stored_fit']}`" if r.get("stored_fit") else ""))
         + "): " + ", ".join(f"`{k}` {v:g}" for k, v in r["fitted"].items())
         + f". Accept-length RMS on FIT {r['fit_accept_rms']:.3f} (weighted by requests per wave: a wave's accept "
-        "length is a mean over its prompts, and the rounds of a cell repeat the same prompts), throughput log-RMS "
+        "length is a mean over its prompts; the heaviest cells, at the highest concurrency, are also the ones whose "
+        "counted figure reads highest where it is compared uncounted), throughput log-RMS "
         f"on FIT {r['fit_throughput_log_rms']:.3f}. Held: " + ", ".join(f"`{k}` {v:g}" for k, v in r["held"].items())
         + " (`decode_overhead_ms` from `gpu_turbomind_h200_2026-12-01_plain.json`: the profile's TurboMind "
         "section and the published profile's TurboMind assumption derive from it; GPU efficiencies are a rounding "
@@ -469,12 +480,11 @@ def render_md(r: Mapping[str, Any]) -> str:
         + (" The measurement cannot tell the prompt sample (the 8 prompts are the first 8 of the 64, which are the "
            "first 64 of the 256) from load: both change together." if hi_waves == 1 else
            " Each round's waves send other prompts, so a cell's prompts are several samples.")
-        + " LMDeploy's counters see only the decode outputs that reach its server, under load a few per request "
-          "and always the last step, which counts by its length and untruncated (`tuning.bench.counters`; "
-          "`accept_counting_check_2026-12-02.md`): at high concurrency the measured figure exceeds the engine's "
-          "tokens per step. The model's acceptance depends on output position, temperature and draft depth only, "
-          "and is compared with the counted figure as measured. Fitting weights waves by their prompts, so the "
-          "8-prompt cells count least.",
+        + " Part of that rise is how LMDeploy counts (`tuning.bench.counters`: under load its counters see a few "
+          "steps per request, always the length-biased last one; `accept_counting_check_2026-12-02.md`); how much "
+          "is the engine's own acceptance the measurement cannot say without the counters' deltas. The model's "
+          "acceptance depends on output position, temperature and draft depth only. Fitting weights waves by "
+          "their prompts, so the 8-prompt cells count least.",
         *_between_runs(r.get("accept_between_runs")),
         f"- The measurement's own spread: the rounds lie within ±{lo_spread:.0%} to ±{hi_spread:.0%} of their mean, "
         "per cell; "

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.errors import OrchestratorError
-from orchestrator.sim.model import EngineParams, Profile, expected_accept_length
+from orchestrator.sim.model import EngineParams, Profile, accept_distribution, expected_accept_length
 from orchestrator.sim.scheduler import simulate_workload
+from tuning.bench.counters import counted_accept_length, outputs_per_request
 from tuning.stats import mean_confidence_interval
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "MeasuredCell",
     "SimFitError",
     "WaveSetup",
+    "as_counted",
     "check_cells",
     "coordinate_search",
     "fit_acceptance",
@@ -98,6 +100,9 @@ class MeasuredCell:
     excluded_waves: int
     num_prompts: int = 0
     """Requests per wave (``measure_turbomind.py --num-prompts``); 0: as many as the concurrency."""
+    counted_outputs: float | None = None
+    """Decode outputs per request that LMDeploy's counters saw (mean over the cell's waves; None where the
+    rows lack the counters' deltas): the accept length measured is a figure counted over these."""
 
     @property
     def requests(self) -> int:
@@ -147,7 +152,7 @@ class MeasuredCell:
     def to_dict(self) -> dict[str, Any]:
         return {"engine": self.engine, "num_draft_tokens": self.num_draft_tokens, "output_len": self.output_len,
                 "concurrency": self.concurrency, "temperature": self.temperature, "held_out": self.held_out,
-                "requests": self.requests, "throughputs": list(self.throughputs),
+                "requests": self.requests, "counted_outputs": self.counted_outputs, "throughputs": list(self.throughputs),
                 "accept_lengths": list(self.accept_lengths), "excluded_waves": self.excluded_waves}
 
 
@@ -160,7 +165,8 @@ def _draft_tokens(engine: str, engines: Mapping[str, Mapping[str, Any]]) -> int:
 
 ROUND_KEY = ("run", "round", "engine", "output_len", "concurrency", "temperature")
 """What one round's figure of one cell is made of: every wave of that engine start (``run``, ``round``)
-at that (engine, output length, concurrency, temperature)."""
+at that (engine, output length, concurrency, temperature). Requests per wave are not in it: one engine
+start (one run) sends one number of requests per concurrency, and runs are told apart by ``run``."""
 
 
 def mean_per_round(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -195,9 +201,13 @@ def measured_cells(rows: Iterable[Mapping[str, Any]], engines: Mapping[str, Mapp
 
     failed: dict[tuple, int] = defaultdict(int)
     by_cell: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    outputs: dict[tuple, list[float]] = defaultdict(list)
     for r in ours:
         failed[cell_key(r)] += bool(r.get("failed"))
         by_cell.setdefault(cell_key(r), [])
+        seen = None if r.get("failed") else outputs_per_request(r.get("spec_counters") or {}, int(r.get("completed") or 0))
+        if seen is not None:
+            outputs[cell_key(r)].append(seen)
     for r in mean_per_round(r for r in ours if not r.get("failed")):
         by_cell[cell_key(r)].append(r)
     cells = []
@@ -210,7 +220,8 @@ def measured_cells(rows: Iterable[Mapping[str, Any]], engines: Mapping[str, Mapp
             engine=engine, num_draft_tokens=n_draft, output_len=output_len, concurrency=concurrency,
             temperature=temperature, throughputs=tuple(r["output_throughput"] for r in rounds),
             accept_lengths=tuple(r["accept_length"] for r in rounds if n_draft and r["accept_length"]),
-            excluded_waves=failed[key], num_prompts=num_prompts))
+            excluded_waves=failed[key], num_prompts=num_prompts,
+            counted_outputs=statistics.fmean(outputs[key]) if outputs[key] else None))
     if not cells:
         raise SimFitError(f"no wave of a {backend!r} engine without failures in the measurement")
     return cells
@@ -223,6 +234,17 @@ def simulate_cell(profile: Profile, cell: MeasuredCell, setup: WaveSetup, *, see
                           num_prompts=cell.requests, concurrency=cell.concurrency,
                           temperature=cell.temperature, seed=seed, params=setup.params(cell.num_draft_tokens))
     return s.output_throughput, s.accept_length
+
+
+def as_counted(profile: Profile, cell: MeasuredCell, tokens_per_step: float) -> float:
+    """The accept length LMDeploy's counters would report for a cell whose engine emits ``tokens_per_step``:
+    the figure itself where the cell's counters saw no outputs per request, else counted over those outputs
+    (the last step length-biased, at the end of the output; :func:`tuning.bench.counters.counted_accept_length`).
+    So a measured figure is compared with what the same counting would make of the model's."""
+    if cell.counted_outputs is None or not cell.num_draft_tokens:
+        return tokens_per_step
+    last = accept_distribution(profile, cell.num_draft_tokens, cell.temperature, cell.output_len - 1)
+    return counted_accept_length(tokens_per_step, last, max(cell.counted_outputs, 1.0))
 
 
 def coordinate_search(objective: Callable[[Mapping[str, float]], float], start: Mapping[str, float],
@@ -279,8 +301,9 @@ def fit_acceptance(profile: Profile, cells: Sequence[MeasuredCell]) -> tuple[dic
 
     def sse(point: Mapping[str, float]) -> float:
         p = profile.replace(**point)
-        return sum(c.requests * (expected_accept_length(p, c.num_draft_tokens, c.temperature, c.output_len, 1.0)
-                                 - c.accept_length) ** 2 for c in mtp)
+        return sum(c.requests * (as_counted(p, c, expected_accept_length(p, c.num_draft_tokens, c.temperature,
+                                                                         c.output_len, 1.0)) - c.accept_length) ** 2
+                   for c in mtp)
 
     point, best = coordinate_search(sse, {k: getattr(profile, k) for k in ACCEPT_BOUNDS}, ACCEPT_BOUNDS,
                                     min_rel_step=0.001)
@@ -374,5 +397,10 @@ class CellCheck:
 
 
 def check_cells(profile: Profile, cells: Sequence[MeasuredCell], setup: WaveSetup) -> list[CellCheck]:
-    """Each cell simulated with ``profile`` and compared with its measurement."""
-    return [CellCheck(c, *simulate_cell(profile, c, setup)) for c in cells]
+    """Each cell simulated with ``profile`` and compared with its measurement (the accept length as the
+    cell's counters would count the simulated one: :func:`as_counted`)."""
+    checks = []
+    for c in cells:
+        throughput, accept = simulate_cell(profile, c, setup)
+        checks.append(CellCheck(c, throughput, None if accept is None else as_counted(profile, c, accept)))
+    return checks

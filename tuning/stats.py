@@ -58,12 +58,14 @@ def mean_confidence_interval(samples: Sequence[float], level: float = 0.95) -> t
 def rounds_for_half_width(cv: float, half_width: float, level: float = 0.95, *, max_rounds: int = 10_000) -> int:
     """The fewest rounds (>= 2) whose ``level`` t-interval of the mean is at most ``±half_width`` (relative)
     when one round varies by ``cv`` (its standard deviation over the mean): what a measurement must cost
-    before it can decide a relative bar. ``max_rounds`` bounds the search (a near-zero half-width)."""
+    before it can decide a relative bar. Raises where even ``max_rounds`` would not do."""
     if cv < 0 or half_width <= 0:
         raise ValueError(f"cv={cv}, half_width={half_width}; allowed: cv >= 0, half_width > 0")
     n = 2
-    while n < max_rounds and t_quantile(0.5 + level / 2, n - 1) * cv / math.sqrt(n) > half_width:
+    while t_quantile(0.5 + level / 2, n - 1) * cv / math.sqrt(n) > half_width:
         n += 1
+        if n > max_rounds:
+            raise ValueError(f"more than {max_rounds} rounds for ±{half_width:g} at {cv:g} per round")
     return n
 
 

@@ -60,6 +60,7 @@ __all__ = [
     "SimModelError",
     "load_profile",
     "list_profiles",
+    "accept_distribution",
     "emission_schedule",
     "expected_accept_length",
 ]
@@ -299,6 +300,14 @@ def _accept_table(profile: Profile, num_draft_tokens: int, temperature: float) -
             row.append(cum)
         rows.append(tuple(row))
     return tuple(rows)
+
+
+def accept_distribution(profile: Profile, num_draft_tokens: int, temperature: float, pos: int) -> tuple[float, ...]:
+    """``P(A = k)``, k = 0..N: the drafts one decode step accepts at output position ``pos`` (what a
+    measurement model of the engine's counters needs beside the mean)."""
+    row = _accept_table(profile, num_draft_tokens, round(float(temperature), 3))
+    at_least = (1.0, *row[min(max(pos, 0) // _POS_BIN, len(row) - 1)])
+    return tuple(at_least[k] - (at_least[k + 1] if k < num_draft_tokens else 0.0) for k in range(num_draft_tokens + 1))
 
 
 def emission_schedule(profile: Profile, num_draft_tokens: int, temperature: float, num_tokens: int, rng: Any) -> list[int]:

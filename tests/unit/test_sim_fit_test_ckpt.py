@@ -191,9 +191,41 @@ def test_the_write_up_says_what_its_own_result_holds():
     assert "(stored in the profile)" in waves and "reproduces every simulated figure here" in waves
     steps = json.loads((ROOT / "benchmarks/results/sim_fit_test_ckpt_2026-12-02_steps.json").read_text())
     md = script.render_md(steps)
-    assert "LMDeploy's counters see only the decode outputs that reach its server" in md
+    assert "Part of that rise is how LMDeploy counts" in md and "no cell kept the counters' deltas" in md
     assert "each the mean of its 2 waves" in md and "rounds per cell (`tuning.stats.rounds_for_half_width`)" in md
     older = script.render_md(RESULT)  # written before rounds and waves were recorded: counted from its cells
     assert "(1-2 rounds per cell, interleaved between the engines, one wave each;" in older
     assert "(stored in the profile)" in older
 
+
+
+def test_a_cell_whose_counters_saw_few_outputs_is_compared_as_those_counters_count():
+    """Rows with the counters' deltas: the cell keeps the outputs per request they saw (mean over its waves,
+    failed waves left out), and the simulated accept length is turned into what the same counting reports
+    (above the model's tokens per step, by the length-biased last step); rows without them compare as before."""
+    from orchestrator.sim.model import accept_distribution, expected_accept_length
+    from tuning.bench.counters import counted_accept_length
+    from tuning.simfit import as_counted, check_cells, fit_acceptance
+
+    engines = {"mtp4": {"backend": "pytorch", "num_draft_tokens": 4}}
+    row = {"engine": "mtp4", "output_len": 128, "concurrency": 64, "temperature": 0.8, "failed": 0, "completed": 64,
+           "output_throughput": 5000.0, "accept_length": 2.4}
+    (cell,) = measured_cells([{**row, "round": 0, "wave": 0, "spec_counters": {"num_drafts": 128.0}},
+                              {**row, "round": 0, "wave": 1, "spec_counters": {"num_drafts": 192.0}},
+                              {**row, "round": 1, "wave": 0, "spec_counters": {"num_drafts": 640.0}, "failed": 1}],
+                             engines)
+    assert cell.counted_outputs == pytest.approx(2.5)
+    (plain,) = measured_cells([{**row, "round": 0}], engines)
+    assert plain.counted_outputs is None and as_counted(PROFILE, plain, 2.0) == 2.0
+    counted = as_counted(PROFILE, cell, 2.0)
+    assert counted == pytest.approx(counted_accept_length(2.0, accept_distribution(PROFILE, 4, 0.8, 127), 2.5))
+    assert counted > 2.1
+    (check,) = check_cells(PROFILE, [cell], SETUP)
+    (raw,) = check_cells(PROFILE, [plain], SETUP)
+    assert check.sim_accept_length > raw.sim_accept_length and check.sim_throughput == raw.sim_throughput
+    # fitting against counted figures recovers a profile whose counted figure meets them
+    point, rms = fit_acceptance(PROFILE, [cell])
+    fitted = PROFILE.replace(**point)
+    tokens_per_step = expected_accept_length(fitted, 4, 0.8, 128, 1.0)
+    assert rms < 0.01 and as_counted(fitted, cell, tokens_per_step) == pytest.approx(2.4, abs=0.01)
+    assert tokens_per_step < 2.4  # the engine's own figure lies below what its counters report

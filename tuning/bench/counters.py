@@ -8,13 +8,16 @@ mailbox coalesces). The finishing output always arrives. So under load the count
 request, one of them the last: the step that crosses ``max_tokens``, picked in proportion to its length
 (an inspection paradox) and counted with every accepted draft, even those cut off by ``max_tokens``.
 The accept length they give then exceeds the engine's tokens per step, the more so the fewer outputs
-per request arrive (higher load, shorter outputs)."""
+per request arrive (higher load, shorter outputs). How much of a rise with load this accounts for, and
+how much is the engine's own acceptance, a measurement can tell only with the counters' deltas beside
+the figure (:func:`outputs_per_request`)."""
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 __all__ = ["SPEC_COUNTER_NAMES", "accept_length_from_counters", "accept_length_label", "chain_accept_distribution",
-           "counted_accept_length", "outputs_per_request", "parse_gauge", "parse_spec_counters"]
+           "chain_counted_accept_length", "chain_per_draft", "chain_tokens_per_step", "counted_accept_length",
+           "outputs_per_request", "parse_gauge", "parse_spec_counters"]
 
 
 SPEC_COUNTER_NAMES: dict[str, str] = {
@@ -74,8 +77,9 @@ def accept_length_from_counters(delta: Mapping[str, float], num_draft_tokens: in
 
 
 def outputs_per_request(delta: Mapping[str, float], completed: int) -> float | None:
-    """Decode outputs the counters saw per finished request (``Δnum_drafts / completed``): about the steps
-    a request took when every output arrives, near 1 when only the finishing one does."""
+    """Decode outputs the counters saw per request (``Δnum_drafts / completed``; pass requests cancelled
+    mid-stream in ``completed`` too, their outputs count): near 1 when only the finishing output arrives.
+    Even one request at a time leaves some steps uncounted (about a quarter on the H200)."""
     drafts = float(delta.get("num_drafts", 0.0))
     if completed <= 0 or drafts <= 0:
         return None
@@ -88,6 +92,36 @@ def chain_accept_distribution(per_draft: float, num_draft_tokens: int) -> tuple[
     if not 0.0 <= per_draft <= 1.0 or num_draft_tokens < 1:
         raise ValueError(f"per_draft={per_draft}, num_draft_tokens={num_draft_tokens}; allowed: 0..1 and >= 1")
     return tuple(per_draft**k * (1 - per_draft) for k in range(num_draft_tokens)) + (per_draft**num_draft_tokens,)
+
+
+def _bisect(f: Callable[[float], float], lo: float, hi: float, target: float) -> float:
+    """``x`` in [lo, hi] with ``f(x) = target`` for an increasing ``f`` (60 halvings)."""
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if f(mid) < target else (lo, mid)
+    return (lo + hi) / 2
+
+
+def chain_per_draft(tokens_per_step: float, num_draft_tokens: int) -> float:
+    """The per-draft acceptance of a chain of ``num_draft_tokens`` drafts whose mean step emits
+    ``tokens_per_step`` (1 to N + 1)."""
+    if not 1.0 <= tokens_per_step <= num_draft_tokens + 1:
+        raise ValueError(f"tokens_per_step={tokens_per_step}; allowed: 1..{num_draft_tokens + 1}")
+    return _bisect(lambda p: sum((1 + k) * q for k, q in enumerate(chain_accept_distribution(p, num_draft_tokens))),
+                   0.0, 1.0, tokens_per_step)
+
+
+def chain_counted_accept_length(tokens_per_step: float, num_draft_tokens: int, outputs: float) -> float:
+    """:func:`counted_accept_length` for a chain of constant per-draft acceptance (the last step's
+    distribution from the mean alone)."""
+    per_draft = chain_per_draft(tokens_per_step, num_draft_tokens)
+    return counted_accept_length(tokens_per_step, chain_accept_distribution(per_draft, num_draft_tokens), outputs)
+
+
+def chain_tokens_per_step(counted: float, num_draft_tokens: int, outputs: float) -> float:
+    """The inverse: the tokens per step whose counted figure at ``outputs`` per request is ``counted``."""
+    return _bisect(lambda t: chain_counted_accept_length(t, num_draft_tokens, outputs), 1.0,
+                   float(num_draft_tokens + 1), counted)
 
 
 def counted_accept_length(tokens_per_step: float, last_step: Sequence[float], outputs: float) -> float:
@@ -114,4 +148,6 @@ def accept_length_label(accept_length: float | None, delta: Mapping[str, float],
     if outputs is None:
         return f"{accept_length:.3f}"
     text = f"{accept_length:.3f} (counted over {outputs:.1f} decode outputs per request"
-    return text + ("; mostly each request's last step, so above the engine's tokens per step)" if outputs < 5 else ")")
+    if outputs >= 10:
+        return text + ")"
+    return text + f"; 1 in {outputs:.1f} counted steps is a request's last, so it reads above the engine's tokens per step)"
