@@ -403,8 +403,8 @@ def render_md(r: Mapping[str, Any]) -> str:
         + (f"; its accept length as LMDeploy's counters would count it where the measurement kept their deltas "
            f"({counted} of {len(entries)} cells: over the outputs per request those counters saw, the last step "
            "length-biased; `tuning.simfit.as_counted`)" if counted else
-           "; no cell kept the counters' deltas, so accept lengths are compared as counted (under load mostly each "
-           "request's last step) against the model's tokens per step")
+           "; no cell kept the counters' deltas, so accept lengths are compared as counted (under load a few steps "
+           "per request, always including the last) against the model's tokens per step")
         + ".",
         "",
         f"**Split, fixed before fitting:** {r['split_rule']} FIT {r['fit_cells']} cells, HELD-OUT {r['held_out_cells']}.",
@@ -501,7 +501,8 @@ def render_md(r: Mapping[str, Any]) -> str:
            "engine ran slower than the grid of 2026-12-01 (that grid's own c64 rounds are faster than this run's), "
            "which is the run-to-run variation a profile fitted to one session cannot carry; that run warmed up greedy "
            "only, and its file calls its round-0 T 0.8 PyTorch figures probably low for it."
-           if r["cross_check"]["measurement"] == _rel(CROSS_CHECK) else "."),
+           if r["cross_check"]["measurement"] == _rel(CROSS_CHECK) else ".")
+        + _rounds_needed({"held_out": r["cross_check"]["cells"], "fit": []}).replace(" One round", " There one round", 1),
         "",
         *_table(r["cross_check"]["cells"]),
         "",

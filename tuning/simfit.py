@@ -101,8 +101,9 @@ class MeasuredCell:
     num_prompts: int = 0
     """Requests per wave (``measure_turbomind.py --num-prompts``); 0: as many as the concurrency."""
     counted_outputs: float | None = None
-    """Decode outputs per request that LMDeploy's counters saw (mean over the cell's waves; None where the
-    rows lack the counters' deltas): the accept length measured is a figure counted over these."""
+    """Decode outputs per request that LMDeploy's counters saw (harmonic mean over the cell's waves: the
+    counted figure's bias goes with one over it; None where the rows lack the counters' deltas): the accept
+    length measured is a figure counted over these."""
 
     @property
     def requests(self) -> int:
@@ -221,7 +222,7 @@ def measured_cells(rows: Iterable[Mapping[str, Any]], engines: Mapping[str, Mapp
             temperature=temperature, throughputs=tuple(r["output_throughput"] for r in rounds),
             accept_lengths=tuple(r["accept_length"] for r in rounds if n_draft and r["accept_length"]),
             excluded_waves=failed[key], num_prompts=num_prompts,
-            counted_outputs=statistics.fmean(outputs[key]) if outputs[key] else None))
+            counted_outputs=statistics.harmonic_mean(outputs[key]) if outputs[key] else None))
     if not cells:
         raise SimFitError(f"no wave of a {backend!r} engine without failures in the measurement")
     return cells

@@ -81,6 +81,7 @@ def test_the_committed_counting_check_is_what_the_script_computes_from_its_measu
         (row,) = [r for r in committed["rows"] if f"{r['config']} o{r['output_len']} c{r['concurrency']}" == name]
         assert row["counted"] > row["if_only_last_step"]
     md = (ROOT / "benchmarks/results/accept_counting_check_2026-12-02.md").read_text()
-    assert "counting explains part of the rise, not all of it" in md
+    assert f"net rise of {s['predicted_net_rise']:+.2f} against {s['measured_net_rise']:+.2f} measured" in md
+    assert all(name in md for name in s["fell"]) and "too noisy to say" in md
     assert all(r["counted_high"] <= r["ceiling"] for r in committed["last_step_ceiling"]) == \
         (f"{len(committed['last_step_ceiling'])} of {len(committed['last_step_ceiling'])} stay under it" in md)

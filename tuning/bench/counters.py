@@ -141,7 +141,7 @@ def counted_accept_length(tokens_per_step: float, last_step: Sequence[float], ou
 
 def accept_length_label(accept_length: float | None, delta: Mapping[str, float], completed: int) -> str:
     """The accept length as a bench summary shows it: with the decode outputs per request it was counted
-    over, and a warning where that is so few that the figure is mostly each request's last step."""
+    over and, below 10, how large a share of them are requests' last steps (which read high)."""
     if accept_length is None:
         return "n/a"
     outputs = outputs_per_request(delta, completed)
