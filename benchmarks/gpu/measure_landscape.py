@@ -249,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not a.out:
         p.error("--out is required unless --render")
+    global T0
+    T0 = time.monotonic()  # the deadline counts from the run, not from the import (tests import it early)
     state = run(a)
     planned = {cell_key(e["name"], *c) for e in engines_planned(a) for c in cells_of(a)}
     done, total = len(planned & set(state["cells"])), len(planned)  # the file may hold other runs' cells too
