@@ -84,10 +84,10 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     outcome, so upward noise is kept); the cells that fell by more than 0.1 and those whose counted figure
     exceeds even the last-step ceiling say how noisy the baselines are."""
     lowest = min(r["concurrency"] for r in rows)
-    risen = [r for r in rows if r["concurrency"] > lowest and r["counted"] - r["true_tokens_per_step"] > 0.1]
+    loaded = [r for r in rows if r["concurrency"] > lowest]
+    risen = [r for r in loaded if r["counted"] - r["true_tokens_per_step"] > 0.1]
     shares = [(r["predicted_counted"] - r["true_tokens_per_step"]) / (r["counted"] - r["true_tokens_per_step"])
               for r in risen]
-    loaded = [r for r in rows if r["concurrency"] > lowest]
     return {"loaded_cells": len(loaded),
             "predicted_net_rise": round(sum(r["predicted_counted"] - r["true_tokens_per_step"] for r in loaded), 3),
             "measured_net_rise": round(sum(r["counted"] - r["true_tokens_per_step"] for r in loaded), 3),
@@ -160,9 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--same-prompts", type=Path, nargs="*", default=SAME_PROMPTS,
                     help="measure_turbomind.py JSONs of one prompt set at several concurrencies (no counter deltas)")
     ap.add_argument("--out-prefix", type=Path, default=OUT_PREFIX, help="writes PREFIX.json and PREFIX.md")
-    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    given = sys.argv[1:] if argv is None else argv
+    args = ap.parse_args(given)
     rows = check(json.loads(args.measurement.read_text()))
-    result = {"command": " ".join(["python benchmarks/accept_counting_check.py", *(sys.argv[1:] if argv is None else argv)]),
+    result = {"command": " ".join(["python benchmarks/accept_counting_check.py", *given]),
               "measurement": _rel(args.measurement), "rows": rows, "summary": summary(rows),
               "same_prompts": [_rel(p) for p in args.same_prompts],
               "last_step_ceiling": last_step_ceiling([json.loads(p.read_text()) for p in args.same_prompts])}

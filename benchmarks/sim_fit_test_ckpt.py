@@ -44,7 +44,6 @@ from tuning.simfit import (  # noqa: E402
     coordinate_search,
     fit_acceptance,
     fit_step_overheads,
-    mean_per_round,
     measured_cells,
     simulate_cell,
 )
@@ -349,16 +348,16 @@ def _between_runs(between: Mapping[str, Any] | None) -> list[str]:
             f"so no profile is within ±{ACCEPT_TOLERANCE:g} of every run there (the pooled mean it can still meet)."]
 
 
-def _rounds_needed(r: Mapping[str, Any]) -> str:
+def _rounds_needed(entries: Sequence[Mapping[str, Any]], lead: str = "One") -> str:
     """What deciding the throughput bar would cost: rounds per cell for an interval of ±5 % (so that a
     simulated figure 5 % off the mean passes ±10 % for every mean it allows) at the round-to-round noise
     pooled over the cells measured in several rounds (:class:`tuning.stats.PooledNoise`: two rounds per cell
     leave each cell's own spread nearly unknown, and a median of such spreads reads low)."""
-    noise = PooledNoise.of(e["throughputs"] for e in (*r["held_out"], *r["fit"]))
+    noise = PooledNoise.of(e["throughputs"] for e in entries)
     if noise is None:
         return ""
     rounds = rounds_for_half_width(noise.sd, 0.05)
-    return (f" One round of a cell varies by {noise.sd:.1%} (standard deviation of log throughput pooled over "
+    return (f" {lead} round of a cell varies by {noise.sd:.1%} (standard deviation of log throughput pooled over "
             f"the cells of several rounds, {noise.df} degrees of freedom): an interval of ±5 %, which a simulated "
             f"figure 5 % off the mean needs to pass, takes {rounds} rounds per cell "
             "(`tuning.stats.rounds_for_half_width`).")
@@ -441,7 +440,7 @@ def render_md(r: Mapping[str, Any]) -> str:
            f"widens): **{held['by_interval']['pass']} pass** (every mean the interval allows within ±10 % of the "
            f"simulated figure), **{held['by_interval']['fail']} fail** (none), {held['by_interval']['undecided']} "
            "undecided." if "by_interval" in held else "")
-        + _rounds_needed(r),
+        + _rounds_needed([*r["held_out"], *r["fit"]]),
         f"- Accept length within ±0.15: **{held['accept_pass']} of {held['accept_cells']} MTP cells** (worst "
         f"{held['max_abs_accept_error']:.2f}).",
         f"- **Goal (±10 % throughput and ±0.15 accept length on held-out cells): "
@@ -502,7 +501,7 @@ def render_md(r: Mapping[str, Any]) -> str:
            "which is the run-to-run variation a profile fitted to one session cannot carry; that run warmed up greedy "
            "only, and its file calls its round-0 T 0.8 PyTorch figures probably low for it."
            if r["cross_check"]["measurement"] == _rel(CROSS_CHECK) else ".")
-        + _rounds_needed({"held_out": r["cross_check"]["cells"], "fit": []}).replace(" One round", " There one round", 1),
+        + _rounds_needed(r["cross_check"]["cells"], lead="There one"),
         "",
         *_table(r["cross_check"]["cells"]),
         "",
@@ -559,8 +558,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "measurement": " + ".join(_rel(path) for path in args.measurement),
         "measurements": [_rel(path) for path in args.measurement],
         "rounds_per_cell": [min(len(c.throughputs) for c in cells), max(len(c.throughputs) for c in cells)],
-        "waves_per_round": [min(w), max(w)] if (w := [r["waves"] for r in mean_per_round(
-            r for r in rows if not r.get("failed") and r["engine"] in engines)]) else [1, 1],
+        "waves_per_round": [min(w), max(w)] if (w := [n for c in cells for n in c.waves]) else [1, 1],
         "stored_fit": stored_fit(base),
         "accept_between_runs": accept_between_runs(measurements),
         "profile": base.name,

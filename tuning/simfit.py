@@ -104,6 +104,8 @@ class MeasuredCell:
     """Decode outputs per request that LMDeploy's counters saw (harmonic mean over the cell's waves: the
     counted figure's bias goes with one over it; None where the rows lack the counters' deltas): the accept
     length measured is a figure counted over these."""
+    waves: tuple[int, ...] = ()
+    """Measured waves behind each round's figure (:func:`mean_per_round`), round by round."""
 
     @property
     def requests(self) -> int:
@@ -204,11 +206,12 @@ def measured_cells(rows: Iterable[Mapping[str, Any]], engines: Mapping[str, Mapp
     by_cell: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     outputs: dict[tuple, list[float]] = defaultdict(list)
     for r in ours:
-        failed[cell_key(r)] += bool(r.get("failed"))
-        by_cell.setdefault(cell_key(r), [])
+        key = cell_key(r)
+        failed[key] += bool(r.get("failed"))
+        by_cell.setdefault(key, [])
         seen = None if r.get("failed") else outputs_per_request(r.get("spec_counters") or {}, int(r.get("completed") or 0))
         if seen is not None:
-            outputs[cell_key(r)].append(seen)
+            outputs[key].append(seen)
     for r in mean_per_round(r for r in ours if not r.get("failed")):
         by_cell[cell_key(r)].append(r)
     cells = []
@@ -222,7 +225,8 @@ def measured_cells(rows: Iterable[Mapping[str, Any]], engines: Mapping[str, Mapp
             temperature=temperature, throughputs=tuple(r["output_throughput"] for r in rounds),
             accept_lengths=tuple(r["accept_length"] for r in rounds if n_draft and r["accept_length"]),
             excluded_waves=failed[key], num_prompts=num_prompts,
-            counted_outputs=statistics.harmonic_mean(outputs[key]) if outputs[key] else None))
+            counted_outputs=statistics.harmonic_mean(outputs[key]) if outputs[key] else None,
+            waves=tuple(r["waves"] for r in rounds)))
     if not cells:
         raise SimFitError(f"no wave of a {backend!r} engine without failures in the measurement")
     return cells
@@ -294,8 +298,9 @@ TurboMind assumption, are derived from it."""
 def fit_acceptance(profile: Profile, cells: Sequence[MeasuredCell]) -> tuple[dict[str, float], float]:
     """Acceptance constants minimising the squared accept-length error over the MTP cells given (the
     model's analytic accept length of a fixed-length wave; the check then samples it in the simulator),
-    each cell weighted by its requests per wave: a wave's accept length is a mean over its prompts, and its error from the prompt
-    draw shrinks with their number. Returns the constants and the weighted root-mean-square error."""
+    each cell weighted by its requests per wave: a wave's accept length is a mean over its prompts, and its
+    error from the prompt draw shrinks with their number. Returns the constants and the weighted
+    root-mean-square error."""
     mtp = [c for c in cells if c.num_draft_tokens and c.accept_length is not None]
     if not mtp:
         raise SimFitError("no MTP cell with an accept length to fit the acceptance to")
