@@ -6,6 +6,8 @@
 #   carry [".stage/t2"]: [SEED=benchmarks/results/<dir>/landscape.json] OUT=$OUT bash benchmarks/gpu/testbed_device.sh start [DEADLINE_S]
 #   then, until it says done:  OUT=$OUT bash benchmarks/gpu/testbed_device.sh collect
 # DEADLINE_S (default 1200): no engine starts after it; an engine of the MoE takes ~75-190 s to start.
+# LANDSCAPE_ARGS: more measure_landscape.py flags (e.g. "--agreements 0.7,0.9,0.5": the order engines run in;
+# keep the same set in every lease, or the later lease plans other cells).
 set -u
 STEP=${1:?start or collect}
 OUT=${OUT:?set OUT}
@@ -20,7 +22,7 @@ case $STEP in
     python3 benchmarks/gpu/measure_mtp.py --versions > $W/out/versions.json 2>&1
     rm -f $W/done
     setsid nohup bash -c "source benchmarks/gpu/device_env.sh;
-      python3 benchmarks/gpu/measure_landscape.py --out $W/out --work $W/ckpt --deadline-s ${2:-1200} > $W/log 2>&1;
+      python3 benchmarks/gpu/measure_landscape.py --out $W/out --work $W/ckpt --deadline-s ${2:-1200} ${LANDSCAPE_ARGS:-} > $W/log 2>&1;
       touch $W/done" > /dev/null 2>&1 < /dev/null &
     sleep 5; echo "landscape started"
     ;;
