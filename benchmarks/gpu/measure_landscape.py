@@ -11,11 +11,14 @@ checkpoint: the target's computation — shapes, the successor cycle its tokens 
 the agreement level, only the MTP head does.
 
 Per engine: start (``--backend pytorch``, alone on the GPU), one unmeasured full-length wave per
-temperature (a fresh engine's first full-length run is 15-45 % slow), then every cell once: ``--waves``
+temperature (a fresh engine's first full-length run is 15-45 % slow) and one short unmeasured run at every
+concurrency it will measure (kernels tuned or compiled on the first use of a batch shape made a first pass
+over the concurrencies read up to a third off a second one), then every cell once: ``--waves``
 waves of ``concurrency`` requests (at least 4), input ``--input-len`` tokens of held-out source,
 ``ignore_eos``. Results go to ``--out``/``landscape.json`` after every cell; a later run with the same
 ``--out`` skips what is there, so the landscape fills over several device calls (``--deadline-s``: no
-engine starts after it).
+engine starts after it). ``--redo PREFIX`` measures again the cells whose key starts with it and that were
+measured before the per-concurrency warm-up (the old figures stay in the file, under ``superseded``).
 
     python benchmarks/gpu/measure_landscape.py --out $OUT/landscape [--deadline-s 480]     # on the GPU machine
     python benchmarks/gpu/measure_landscape.py --sim --out /tmp/landscape                  # dry run, simulated
@@ -39,6 +42,8 @@ if str(ROOT) not in sys.path:
 from orchestrator.config import EngineConfig  # noqa: E402
 
 PRESET = "qwen3.5-moe-35b-a3b-12l"
+WARMUP = "full-length wave per temperature + short run per concurrency"
+"""The warm-up a cell was measured after (kept in each cell; cells without it came before it existed)."""
 SIM_PROFILE = "intern-s2-preview-8xh200"
 T0 = time.monotonic()
 
@@ -70,6 +75,12 @@ def cells_of(a: argparse.Namespace) -> list[tuple[int, float, int]]:
 
 def cell_key(engine: str, o: int, t: float, c: int) -> str:
     return f"{engine}|out{o}|T{t:g}|c{c}"
+
+
+def cells_to_redo(cells: dict[str, Any], prefixes: list[str]) -> list[str]:
+    """Keys of the cells ``--redo`` measures again: those starting with a prefix that were measured under an
+    older warm-up (so a run cut short and started again with the same flags does not redo its own cells)."""
+    return [k for k, x in cells.items() if any(k.startswith(p) for p in prefixes) and x.get("warmup") != WARMUP]
 
 
 def engine_config(eng: dict[str, Any], ckpt: Path | None, a: argparse.Namespace) -> EngineConfig:
@@ -137,13 +148,16 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "simulated": a.sim, "preset": PRESET, "sharpness": a.sharpness, "input_len": a.input_len, "waves": a.waves,
         "host": measured_on() | package_versions(("torch", "triton", "flash_attn_3")), "commands": [], "starts_s": {},
         "cells": {}}
-    state["commands"].append(" ".join(["python", "benchmarks/gpu/measure_landscape.py", *sys.argv[1:]]))
+    state["commands"].append(" ".join(["python", "benchmarks/gpu/measure_landscape.py", *a.argv]))
 
     def save() -> None:
         tmp = state_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=1))
         tmp.replace(state_path)
 
+    for key in cells_to_redo(state["cells"], a.redo):
+        state.setdefault("superseded", {}).setdefault(key, []).append(state["cells"].pop(key))
+        log(f"{key}: measured again (the earlier figure is kept under 'superseded')")
     cells = cells_of(a)
     for eng in engines_planned(a):
         todo = [(o, t, c) for o, t, c in cells if cell_key(eng["name"], o, t, c) not in state["cells"]]
@@ -165,12 +179,14 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             log(f"{eng['name']} ready in {state['starts_s'][eng['name']]} s")
             for t in dict.fromkeys(t for _, t, _ in todo):  # the first full-length wave, unmeasured
                 measure_cell(proc.base_url, cfg, tokenizer, o=max(a.output_len), t=t, c=min(64, max(a.concurrency)), a=a)
+            for c in dict.fromkeys(c for _, _, c in todo):  # every batch shape once, short, unmeasured
+                measure_cell(proc.base_url, cfg, tokenizer, o=a.warmup_output_len, t=todo[0][1], c=c, a=a)
             for o, t, c in todo:
                 r = measure_cell(proc.base_url, cfg, tokenizer, o=o, t=t, c=c, a=a)
                 state["cells"][cell_key(eng["name"], o, t, c)] = {
                     "engine": eng["name"], "agreement": None if eng["draft_tokens"] == 0 else eng["agreement"],
                     "draft_tokens": eng["draft_tokens"], "output_len": o, "temperature": t, "concurrency": c,
-                    "predicted_accept_length": predicted(ckpt, eng["draft_tokens"], t), **r}
+                    "predicted_accept_length": predicted(ckpt, eng["draft_tokens"], t), "warmup": WARMUP, **r}
                 save()
                 log(f"{eng['name']} out {o} T {t:g} c {c}: {r['output_throughput']:.0f} tok/s, accept "
                     f"{r.get('accept_length')}, failed {r.get('failed')}")
@@ -184,13 +200,49 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
 
 
 # ----- report -----------------------------------------------------------------------------------------
+def predicted_as_counted(cell: dict[str, Any]) -> float | None:
+    """The builder's accept length as LMDeploy's counters would report it for this cell: they see only some of
+    a request's decode steps under load, always its last (length-biased), so the measured figure reads above
+    the engine's tokens per step; ``None`` without a prediction or the counters' deltas."""
+    from tuning.bench.counters import chain_counted_accept_length, outputs_per_request
+
+    pred, n = cell.get("predicted_accept_length"), cell.get("draft_tokens")
+    outputs = outputs_per_request(cell.get("spec_counters") or {}, cell.get("completed") or 0)
+    if not pred or not n or outputs is None:
+        return None
+    return chain_counted_accept_length(min(max(pred, 1.0), n + 1.0), n, max(outputs, 1.0))
+
+
+def accept_agreement(cells: list[dict[str, Any]], tolerance: float = 0.15) -> str | None:
+    """One line: how many measured accept lengths lie within ``tolerance`` of the builder's prediction, taken
+    as it is and as counted (issue #22 item 1's bar, over the whole landscape)."""
+    both = [(x["accept_length"], x["predicted_accept_length"], predicted_as_counted(x)) for x in cells
+            if x.get("accept_length") and x.get("predicted_accept_length")]
+    counted = [(m, c) for m, _, c in both if c is not None]
+    if not both:
+        return None
+    raw_ok = sum(abs(m - p) <= tolerance for m, p, _ in both)
+    line = (f"Accept length within ±{tolerance:g} of the builder's prediction: {raw_ok} of {len(both)} cells as "
+            f"predicted (worst {max(abs(m - p) for m, p, _ in both):.2f})")
+    if counted:
+        line += (f", {sum(abs(m - c) <= tolerance for m, c in counted)} of {len(counted)} as LMDeploy's counters "
+                 f"would count the prediction (worst {max(abs(m - c) for m, c in counted):.2f})")
+    return line + "."
+
+
 def render(state: dict[str, Any]) -> str:
     cells = list(state["cells"].values())
     lines = [f"# MTP landscape on the MoE testbed ({state['preset']}){' (SIMULATED)' if state['simulated'] else ''}", "",
              "Commands: " + "; ".join(f"`{c}`" for c in state["commands"]) + "  ",
              f"Host: {state['host']}  ", f"Sharpness {state['sharpness']:g}; input {state['input_len']} tokens; "
              f"{state['waves']} waves per cell (at least 4 requests); engine starts (s): {state['starts_s']}.",
-             ""]
+             "",
+             "Each cell is one closed-loop run (no rounds, no interval): a ratio to MTP off compares two runs. "
+             "Accept lengths are LMDeploy's counted figures; the builder's prediction is the engine's tokens per "
+             "step, and → gives it as the counters would count it (they see few of a request's steps under load, "
+             "always its last).", ""]
+    if (line := accept_agreement(cells)) is not None:
+        lines += [line, ""]
     off = {(x["output_len"], x["temperature"], x["concurrency"]): x for x in cells if x["draft_tokens"] == 0}
     agreements = sorted({x["agreement"] for x in cells if x["agreement"] is not None})
     drafts = sorted({x["draft_tokens"] for x in cells if x["draft_tokens"]})
@@ -201,7 +253,7 @@ def render(state: dict[str, Any]) -> str:
                 if not rows:
                     continue
                 lines += [f"## agreement {ag:g}, output {o}, T {t:g}", "",
-                          "| concurrency | MTP off tok/s | " + " | ".join(f"MTP-{n}: x off (accept / predicted)" for n in drafts)
+                          "| concurrency | MTP off tok/s | " + " | ".join(f"MTP-{n}: x off (accept / predicted → as counted)" for n in drafts)
                           + " |", "|---|---|" + "---|" * len(drafts)]
                 for c in sorted({x["concurrency"] for x in rows}):
                     base = off.get((o, t, c))
@@ -214,6 +266,8 @@ def render(state: dict[str, Any]) -> str:
                         ratio = x["output_throughput"] / base["output_throughput"] if base and base["output_throughput"] else None
                         acc = f"{x['accept_length']:.2f}" if x.get("accept_length") else "—"
                         pred = f"{x['predicted_accept_length']:.2f}" if x.get("predicted_accept_length") else "—"
+                        if (counted := predicted_as_counted(x)) is not None:
+                            pred += f" → {counted:.2f}"
                         cols.append(f"{ratio:.2f}x ({acc} / {pred})" if ratio else f"{x['output_throughput']:,.0f} ({acc} / {pred})")
                     lines.append(f"| {c} | {base['output_throughput']:,.0f} |" if base else f"| {c} | — |")
                     lines[-1] += " " + " | ".join(cols) + " |"
@@ -223,6 +277,9 @@ def render(state: dict[str, Any]) -> str:
         lines.append(f"Cells with failed requests: {[(x['engine'], x['output_len'], x['temperature'], x['concurrency'], x['failed'], x.get('failure_reasons')) for x in failed]}")
     if state.get("failures"):
         lines.append(f"Engines that failed: {state['failures']}")
+    if state.get("superseded"):
+        lines.append(f"Measured again after the per-concurrency warm-up (earlier figures kept under 'superseded'): "
+                     f"{', '.join(sorted(state['superseded']))}")
     return "\n".join(lines) + "\n"
 
 
@@ -243,7 +300,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--waves", type=int, default=2, help="waves of `concurrency` requests per cell")
     p.add_argument("--memory-fraction", type=float, default=0.5, help="--cache-max-entry-count (the engine is alone)")
     p.add_argument("--deadline-s", type=float, default=480, help="no engine starts after this (from the start)")
+    p.add_argument("--warmup-output-len", type=int, default=32, help="output tokens of the short warm-up run per concurrency")
+    p.add_argument("--redo", type=lambda s: [x for x in s.split(",") if x], default=[], metavar="PREFIX[,PREFIX]",
+                   help="measure again the cells whose key (ENGINE|outO|TT|cC) starts with a prefix and that came "
+                        "before the per-concurrency warm-up, e.g. 'mtp-off|out128|T0|'; the old figures are kept")
     a = p.parse_args(argv)
+    a.argv = list(sys.argv[1:] if argv is None else argv)  # the command the file records
     if a.render:
         print(render(json.loads(a.render.read_text())), end="")
         return 0

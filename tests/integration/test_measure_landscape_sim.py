@@ -29,3 +29,25 @@ def test_cells_keep_the_counter_deltas_and_the_summary_counts_this_runs_cells(tm
     assert landscape.main([*ARGS, "--out", str(out), "--concurrency", "2"]) == 0  # same folder, other cells
     assert "2 of 2 cells in" in capsys.readouterr().out
     assert len(json.loads((out / "landscape.json").read_text())["cells"]) == 4
+
+
+def test_redo_measures_older_cells_again_once_and_keeps_their_figures(tmp_path, capsys):
+    """A cell measured before the per-concurrency warm-up is measured again when ``--redo`` names it; the old
+    figure stays in the file, and running the same command again (a lease cut short) redoes nothing."""
+    out = tmp_path / "land"
+    assert landscape.main([*ARGS, "--out", str(out)]) == 0
+    path = out / "landscape.json"
+    state = json.loads(path.read_text())
+    assert all(x["warmup"] == landscape.WARMUP for x in state["cells"].values())
+    del state["cells"]["mtp-off|out16|T0|c4"]["warmup"]  # as the first lease's cells were
+    state["cells"]["mtp-off|out16|T0|c4"]["output_throughput"] = 1.0
+    path.write_text(json.dumps(state))
+    redo = [*ARGS, "--out", str(out), "--redo", "mtp-off|"]
+    assert landscape.main(redo) == 0
+    after = json.loads(path.read_text())
+    assert after["superseded"]["mtp-off|out16|T0|c4"][0]["output_throughput"] == 1.0
+    assert after["cells"]["mtp-off|out16|T0|c4"]["output_throughput"] > 1.0
+    assert after["cells"]["a0.7-mtp2|out16|T0|c4"] == state["cells"]["a0.7-mtp2|out16|T0|c4"]  # not named: kept
+    assert landscape.main(redo) == 0
+    assert json.loads(path.read_text()) == after  # nothing left to measure: the file is not even rewritten
+    assert "Measured again after the per-concurrency warm-up" in landscape.render(after)

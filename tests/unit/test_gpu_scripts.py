@@ -97,6 +97,26 @@ def test_the_landscape_report_puts_each_config_against_mtp_off_with_predicted_ac
     assert "## agreement 0.7, output 128, T 0" in page
     assert "| 1 | 100 | 1.50x (3.40 / 3.45) |" in page
     assert "SIMULATED" not in page
+    assert "1 of 1 cells as predicted" in page and "as LMDeploy's counters" not in page  # no deltas, no counted figure
+
+
+def test_the_landscape_report_counts_the_prediction_as_the_engine_counters_do():
+    """Under load LMDeploy's counters see few of a request's steps, always its last, so a cell's measured accept
+    length is compared with the builder's prediction counted the same way (more outputs: closer to the prediction)."""
+    def cell(c, acc, outputs_per_request):
+        return {"engine": "a0.7-mtp3", "agreement": 0.7, "draft_tokens": 3, "output_len": 128, "temperature": 0.0,
+                "concurrency": c, "output_throughput": 100.0, "accept_length": acc, "predicted_accept_length": 2.41,
+                "completed": 8, "failed": 0, "spec_counters": {"num_drafts": 8.0 * outputs_per_request}}
+
+    loaded, light = cell(256, 3.04, 1.2), cell(1, 2.43, 40.0)
+    assert landscape.predicted_as_counted(light) == pytest.approx(2.41, abs=0.03)
+    assert 2.8 < landscape.predicted_as_counted(loaded) < 3.1  # the last step, length-biased, dominates
+    assert landscape.predicted_as_counted(loaded | {"spec_counters": None}) is None
+    line = landscape.accept_agreement([loaded, light])
+    assert "1 of 2 cells as predicted (worst 0.63)" in line and "2 of 2 as LMDeploy's counters" in line
+    state = {"simulated": False, "preset": landscape.PRESET, "commands": [], "host": {}, "sharpness": 8.0,
+             "input_len": 512, "waves": 2, "starts_s": {}, "cells": {"a": loaded, "b": light}}
+    assert f"(3.04 / 2.41 → {landscape.predicted_as_counted(loaded):.2f})" in landscape.render(state)
 
 
 def _wave(rnd, tput, failed=0, reasons=None, engine="turbomind", run=None):
