@@ -155,10 +155,12 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         tmp.write_text(json.dumps(state, indent=1))
         tmp.replace(state_path)
 
-    for key in cells_to_redo(state["cells"], a.redo):
-        state.setdefault("superseded", {}).setdefault(key, []).append(state["cells"].pop(key))
-        log(f"{key}: measured again (the earlier figure is kept under 'superseded')")
     cells = cells_of(a)
+    planned = {cell_key(e["name"], *c) for e in engines_planned(a) for c in cells}
+    for key in cells_to_redo(state["cells"], a.redo):
+        if key in planned:  # a cell this run will measure again, not one another run's flags plan
+            state.setdefault("superseded", {}).setdefault(key, []).append(state["cells"].pop(key))
+            log(f"{key}: measured again (the earlier figure is kept under 'superseded')")
     for eng in engines_planned(a):
         todo = [(o, t, c) for o, t, c in cells if cell_key(eng["name"], o, t, c) not in state["cells"]]
         if not todo:
