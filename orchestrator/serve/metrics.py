@@ -10,29 +10,33 @@ wall-clock time — what a client sees, including the router's own overhead. Wit
 they are real seconds, not the simulator's scaled time.
 
 Also here: :func:`parse_prometheus_text` and :class:`AcceptLengthTracker`, pure helpers the replica
-uses to turn an engine's LMDeploy counters into a live accept length.
+uses to turn an engine's LMDeploy counters into a live accept length and the engine's tokens per step.
 """
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from orchestrator.spec_counting import ACCEPTED_TOKENS, DRAFT_TOKENS, DRAFTS, estimate_tokens_per_step
 
 __all__ = [
     "ACCEPTED_TOKENS",
     "DRAFT_TOKENS",
     "DRAFTS",
+    "ESTIMATE_WINDOW_S",
     "AcceptLengthTracker",
     "EngineMetrics",
     "RouterMetrics",
     "parse_prometheus_text",
 ]
 
-ACCEPTED_TOKENS = "lmdeploy:spec_decode_num_accepted_tokens_total"
-DRAFT_TOKENS = "lmdeploy:spec_decode_num_draft_tokens_total"
-DRAFTS = "lmdeploy:spec_decode_num_drafts_total"
 RUNNING = "lmdeploy:num_requests_running"
 WAITING = "lmdeploy:num_requests_waiting"
+
+ESTIMATE_WINDOW_S = 60.0
+"""How far back the live tokens-per-step estimate looks (see :class:`AcceptLengthTracker`)."""
 
 _LATENCY_BOUNDARIES_S = [
     0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0,
@@ -62,33 +66,103 @@ def parse_prometheus_text(text: str) -> dict[str, float]:
     return out
 
 
+@dataclass(frozen=True)
+class _Scrape:
+    accepted: float
+    draft_tokens: float
+    drafts: float | None
+    finished: int
+
+
 @dataclass
 class AcceptLengthTracker:
-    """Live accept length from successive scrapes of LMDeploy's spec-decode counters.
+    """Live accept length from successive scrapes of LMDeploy's spec-decode counters, and the engine's
+    tokens per step behind it.
 
-    accept length = 1 + Δaccepted / Δdrafts, where Δdrafts = Δdraft_tokens / N (N = draft tokens per
-    draft step, from the engine config) — the same definition as the bench client's. Counters that
-    went backwards (engine restarted) reset the baseline instead of giving a negative figure.
+    :attr:`value` — the accept length as LMDeploy counts it: ``1 + Δaccepted / Δdrafts`` over the
+    interval since the previous scrape, where Δdrafts = Δdraft_tokens / N (N = draft tokens per draft
+    step, from the engine config) — the same definition as the bench client's.
+
+    :attr:`tokens_per_step` — the estimate of the engine's true tokens per step. Under load LMDeploy
+    counts only a few decode outputs per request, always its last (length-biased, untruncated) step, so
+    the counted figure reads high (:mod:`orchestrator.spec_counting`). Over the last ``window`` scrape
+    intervals, the outputs per request are the counted drafts (``Δnum_drafts``, else Δdraft_tokens / N)
+    over the requests the replica finished (``finished``, a running total: streams cut off mid-way
+    delivered outputs too), and :func:`~orchestrator.spec_counting.estimate_tokens_per_step` inverts
+    the counting of the window's counted figure. A window rather than one interval because the ratio
+    needs whole requests: an interval that holds only the tail of a burst counts one request's last few
+    steps against its completion and would read as a heavily coalesced one; an alert on this figure
+    should not flap with that, and a minute's delay costs an alert little (its ``for:`` is longer).
+
+    A window in which no request finished has no request's last step in its counters, only outputs
+    picked by time — an even sample of the steps — so its counted figure *is* the estimate (the
+    correction vanishes as outputs per request grow): no fallback is needed. A window without counted
+    drafts (idle, or MTP off) changes neither figure, so an idle engine keeps its last reading rather
+    than raising or clearing the alert.
+
+    Counters that went backwards (engine restarted) start a new baseline instead of giving a negative
+    figure; figures that stray outside the model's domain (an accepted count read ahead of its drafts,
+    a request finishing between two scrapes of its last step) are clamped, never raised.
     """
 
     num_draft_tokens: int
-    _last: tuple[float, float] | None = None
+    window: int = 1
+    """Scrape intervals the estimate spans; the replica's span :data:`ESTIMATE_WINDOW_S` (:meth:`for_poll`)."""
     value: float | None = None
+    tokens_per_step: float | None = None
+    outputs_per_request: float | None = None
+    """Counted drafts per finished request over the window the estimate came from; ``None`` when no
+    request finished in it (as many outputs per request as steps: no correction)."""
+    _scrapes: deque[_Scrape] = field(default_factory=deque, repr=False)
 
-    def update(self, samples: Mapping[str, float]) -> float | None:
+    def __post_init__(self) -> None:
+        if self.window < 1:
+            raise ValueError(f"window={self.window}; allowed: >= 1 scrape interval")
+
+    @classmethod
+    def for_poll(cls, num_draft_tokens: int, poll_s: float) -> AcceptLengthTracker:
+        """A tracker whose estimate spans :data:`ESTIMATE_WINDOW_S` of scrapes ``poll_s`` apart."""
+        return cls(num_draft_tokens, window=max(1, round(ESTIMATE_WINDOW_S / poll_s)))
+
+    def update(self, samples: Mapping[str, float], finished: int) -> float | None:
+        """Take one scrape (``samples``, :func:`parse_prometheus_text`) and the replica's running total
+        of finished requests; returns the counted accept length (also :attr:`value`)."""
         if self.num_draft_tokens <= 0 or ACCEPTED_TOKENS not in samples or DRAFT_TOKENS not in samples:
             return self.value
-        now = (samples[ACCEPTED_TOKENS], samples[DRAFT_TOKENS])
-        last, self._last = self._last, now
-        if last is None:
+        now = _Scrape(samples[ACCEPTED_TOKENS], samples[DRAFT_TOKENS], samples.get(DRAFTS), int(finished))
+        if self._scrapes and not _ahead(now, self._scrapes[-1]):
+            self._scrapes.clear()  # counters reset: a new baseline
+        self._scrapes.append(now)
+        while len(self._scrapes) > self.window + 1:
+            self._scrapes.popleft()
+        if len(self._scrapes) < 2:
             return self.value
-        d_acc, d_draft_tokens = now[0] - last[0], now[1] - last[1]
-        if d_acc < 0 or d_draft_tokens < 0:
-            return self.value  # counters reset
-        drafts = d_draft_tokens / self.num_draft_tokens
-        if drafts > 0:
-            self.value = 1.0 + d_acc / drafts
+        interval = self._counted(self._scrapes[-2], now)
+        if interval is not None:
+            self.value = interval
+        whole = self._counted(self._scrapes[0], now)
+        if whole is not None:
+            first = self._scrapes[0]
+            drafts = (now.draft_tokens - first.draft_tokens) / self.num_draft_tokens
+            if now.drafts is not None and first.drafts is not None and now.drafts > first.drafts:
+                drafts = now.drafts - first.drafts
+            done = now.finished - first.finished
+            self.outputs_per_request = drafts / done if done > 0 else None
+            self.tokens_per_step = estimate_tokens_per_step(whole, self.num_draft_tokens, self.outputs_per_request)
         return self.value
+
+    def low(self, threshold: float) -> bool | None:
+        """Whether the engine's tokens per step (the estimate) is below ``threshold``; ``None`` before
+        there is one."""
+        return None if self.tokens_per_step is None else self.tokens_per_step < threshold
+
+    def _counted(self, before: _Scrape, after: _Scrape) -> float | None:
+        drafts = (after.draft_tokens - before.draft_tokens) / self.num_draft_tokens
+        return 1.0 + (after.accepted - before.accepted) / drafts if drafts > 0 else None
+
+
+def _ahead(now: _Scrape, last: _Scrape) -> bool:
+    return now.accepted >= last.accepted and now.draft_tokens >= last.draft_tokens and now.finished >= last.finished
 
 
 class RouterMetrics:
@@ -135,12 +209,20 @@ class EngineMetrics:
         self.tags = {"engine": engine}
         self.accept_length = Gauge(
             "mtp_engine_accept_length",
-            "Live MTP accept length of the engine (1 + accepted / drafts over the last poll interval).",
+            "Live MTP accept length as LMDeploy counts it (1 + accepted / drafts over the last poll interval); "
+            "reads above the engine's tokens per step under load.",
+            tag_keys=("engine",),
+        )
+        self.tokens_per_step = Gauge(
+            "mtp_engine_tokens_per_step",
+            "Estimated: the counted accept length corrected for LMDeploy counting a few steps per request, "
+            "always its last (the engine's tokens per decode step over the last minute).",
             tag_keys=("engine",),
         )
         self.accept_length_low = Gauge(
             "mtp_engine_accept_length_low",
-            "1 when the engine's live accept length is below the warning threshold, else 0.",
+            "1 when the engine's estimated tokens per step (mtp_engine_tokens_per_step) is below the warning "
+            "threshold, else 0.",
             tag_keys=("engine",),
         )
         self.running = Gauge("mtp_engine_requests_running", "lmdeploy:num_requests_running.", tag_keys=("engine",))

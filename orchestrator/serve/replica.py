@@ -116,7 +116,8 @@ class EngineReplica:
         health_timeout_s: per-check timeout of the engine's ``/health``; keep it below the
             deployment's ``health_check_timeout_s``.
         metrics_poll_s: how often the replica scrapes the engine's ``/metrics``.
-        accept_length_low_threshold: the ``mtp_engine_accept_length_low`` gauge is 1 below this.
+        accept_length_low_threshold: the ``mtp_engine_accept_length_low`` gauge is 1 when the engine's
+            estimated tokens per step (``mtp_engine_tokens_per_step``) is below this.
     """
 
     def __init__(
@@ -168,7 +169,8 @@ class EngineReplica:
         self._reaper = _spawn_reaper(os.getpid(), self.engine.pid)
         self._session: Any = None
         self._poller: asyncio.Task[None] | None = None
-        self._accept = AcceptLengthTracker(self.config.num_draft_tokens)
+        self._accept = AcceptLengthTracker.for_poll(self.config.num_draft_tokens, self._metrics_poll_s)
+        self._finished = 0  # requests whose engine response began with a success status, ended or cut off
         self._metrics: EngineMetrics | None = None
         self._last_samples: dict[str, float] = {}
         logger.info("engine %s ready at %s (pid %s, gpus %s)", self.key, self.engine.base_url, self.engine.pid, gpus)
@@ -198,7 +200,7 @@ class EngineReplica:
             )
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
             raise EngineUnavailableError(f"engine {self.key} at {self.engine.base_url} unreachable: {e!r}") from None
-        finished = False
+        finished = answered = False
         try:
             # The head travels with the first body chunk (for a stream: the first token): one Serve
             # stream item less per request, and a failure before the first token is still reroutable.
@@ -206,6 +208,7 @@ class EngineReplica:
                 first = await resp.content.readany()
             except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
                 raise EngineUnavailableError(f"engine {self.key} failed before the first byte: {e!r}") from None
+            answered = resp.status < 400
             yield {"status": resp.status, "content_type": resp.headers.get("content-type", "application/json"),
                    "first": first, "simulated": resp.headers.get(SIM_HEADER, "").lower() == "true"}
             async for chunk in resp.content.iter_any():
@@ -215,6 +218,10 @@ class EngineReplica:
             # Cut the connection when the caller went away mid-stream, so the engine aborts the
             # generation instead of finishing it for nobody.
             resp.release() if finished else resp.close()
+            # The engine's spec-decode counters saw this request's outputs, cut off or not (a refused
+            # request drafted nothing): the accept-length tracker divides the counted drafts by these.
+            if answered:
+                self._finished += 1
 
     async def sim_info(self) -> dict[str, Any] | None:
         """The simulated engine's ``GET /sim/info`` (time scale, profile, counters); ``None`` for a real
@@ -236,6 +243,9 @@ class EngineReplica:
             "gpus": self._gpus,
             "log_path": str(self.engine.log_path),
             "accept_length": self._accept.value,
+            "tokens_per_step_estimate": self._accept.tokens_per_step,
+            "outputs_per_request": self._accept.outputs_per_request,
+            "requests_finished": self._finished,
             "engine_metrics": dict(self._last_samples),
         }
 
@@ -302,10 +312,12 @@ class EngineReplica:
                     m.running.set(samples[RUNNING], tags=tags)
                 if WAITING in samples:
                     m.waiting.set(samples[WAITING], tags=tags)
-                value = self._accept.update(samples)
+                value = self._accept.update(samples, self._finished)
                 if value is not None:
                     m.accept_length.set(value, tags=tags)
-                    m.accept_length_low.set(1 if value < self._threshold else 0, tags=tags)
+                if self._accept.tokens_per_step is not None:
+                    m.tokens_per_step.set(self._accept.tokens_per_step, tags=tags)
+                    m.accept_length_low.set(1 if self._accept.low(self._threshold) else 0, tags=tags)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # a failed scrape must never take the replica down

@@ -1,29 +1,37 @@
 """The engine's speculative-decoding counters from its Prometheus page, the accept length they give,
-and what that figure means under load. Pure.
+and the engine's tokens per step behind it. Pure.
 
-Why the last part: LMDeploy 0.18 adds a decode step's draft statistics to these counters only for the
-outputs that reach the api_server, and its output path keeps only the newest step per request (the
-engine loop sends the newest step per session, the response slot is overwritten, the multiprocess
-mailbox coalesces). The finishing output always arrives. So under load the counters see a few steps per
-request, one of them the last: the step that crosses ``max_tokens``, picked in proportion to its length
-(an inspection paradox) and counted with every accepted draft, even those cut off by ``max_tokens``.
-The accept length they give then exceeds the engine's tokens per step, the more so the fewer outputs
-per request arrive (higher load, shorter outputs). How much of a rise with load this accounts for, and
-how much is the engine's own acceptance, a measurement can tell only with the counters' deltas beside
-the figure (:func:`outputs_per_request`)."""
+Under load LMDeploy counts a few decode outputs per request, always the request's length-biased,
+untruncated last step, so the accept length from its counters exceeds the engine's tokens per step, the
+more so the fewer outputs per request arrive (higher load, shorter outputs): the model and its inverse
+are in :mod:`orchestrator.spec_counting` (the Serve replica's live gauge uses them too) and re-exported
+here. How much of a rise with load this accounts for, and how much is the engine's own acceptance, a
+measurement can tell only with the counters' deltas beside the figure (:func:`outputs_per_request`)."""
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
+
+from orchestrator.spec_counting import (
+    ACCEPTED_TOKENS,
+    DRAFT_TOKENS,
+    DRAFTS,
+    chain_accept_distribution,
+    chain_counted_accept_length,
+    chain_per_draft,
+    chain_tokens_per_step,
+    counted_accept_length,
+    estimate_tokens_per_step,
+)
 
 __all__ = ["SPEC_COUNTER_NAMES", "accept_length_from_counters", "accept_length_label", "chain_accept_distribution",
            "chain_counted_accept_length", "chain_per_draft", "chain_tokens_per_step", "counted_accept_length",
-           "outputs_per_request", "parse_gauge", "parse_spec_counters"]
+           "outputs_per_request", "parse_gauge", "parse_spec_counters", "tokens_per_step_estimate"]
 
 
 SPEC_COUNTER_NAMES: dict[str, str] = {
-    "num_drafts": "lmdeploy:spec_decode_num_drafts_total",
-    "num_draft_tokens": "lmdeploy:spec_decode_num_draft_tokens_total",
-    "num_accepted_tokens": "lmdeploy:spec_decode_num_accepted_tokens_total",
+    "num_drafts": DRAFTS,
+    "num_draft_tokens": DRAFT_TOKENS,
+    "num_accepted_tokens": ACCEPTED_TOKENS,
 }
 """Our name -> LMDeploy's Prometheus sample name of each speculative-decoding counter."""
 
@@ -86,62 +94,27 @@ def outputs_per_request(delta: Mapping[str, float], completed: int) -> float | N
     return drafts / completed
 
 
-def chain_accept_distribution(per_draft: float, num_draft_tokens: int) -> tuple[float, ...]:
-    """``P(A = k)``, k = 0..N, of the drafts one step accepts when each draft is accepted with probability
-    ``per_draft`` given the ones before it (a chain: the first rejection ends the step)."""
-    if not 0.0 <= per_draft <= 1.0 or num_draft_tokens < 1:
-        raise ValueError(f"per_draft={per_draft}, num_draft_tokens={num_draft_tokens}; allowed: 0..1 and >= 1")
-    return tuple(per_draft**k * (1 - per_draft) for k in range(num_draft_tokens)) + (per_draft**num_draft_tokens,)
+def tokens_per_step_estimate(accept_length: float | None, delta: Mapping[str, float], completed: int,
+                              num_draft_tokens: int | None) -> float | None:
+    """The engine's tokens per step behind a counted ``accept_length`` (estimated: a chain of constant
+    per-draft acceptance counted over :func:`outputs_per_request` outputs, always a request's last;
+    :func:`~orchestrator.spec_counting.estimate_tokens_per_step`). ``None`` when the deltas do not say
+    how many outputs per request were counted. ``N`` from the engine config when known, else
+    ``Δdraft_tokens / Δdrafts``."""
+    outputs = outputs_per_request(delta, completed)
+    if accept_length is None or outputs is None:
+        return None
+    n = num_draft_tokens or round(float(delta.get("num_draft_tokens", 0.0)) / float(delta["num_drafts"]))
+    if n < 1:
+        return None
+    return estimate_tokens_per_step(accept_length, n, outputs)
 
 
-def _bisect(f: Callable[[float], float], lo: float, hi: float, target: float) -> float:
-    """``x`` in [lo, hi] with ``f(x) = target`` for an increasing ``f`` (60 halvings)."""
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if f(mid) < target else (lo, mid)
-    return (lo + hi) / 2
-
-
-def chain_per_draft(tokens_per_step: float, num_draft_tokens: int) -> float:
-    """The per-draft acceptance of a chain of ``num_draft_tokens`` drafts whose mean step emits
-    ``tokens_per_step`` (1 to N + 1)."""
-    if not 1.0 <= tokens_per_step <= num_draft_tokens + 1:
-        raise ValueError(f"tokens_per_step={tokens_per_step}; allowed: 1..{num_draft_tokens + 1}")
-    return _bisect(lambda p: sum((1 + k) * q for k, q in enumerate(chain_accept_distribution(p, num_draft_tokens))),
-                   0.0, 1.0, tokens_per_step)
-
-
-def chain_counted_accept_length(tokens_per_step: float, num_draft_tokens: int, outputs: float) -> float:
-    """:func:`counted_accept_length` for a chain of constant per-draft acceptance (the last step's
-    distribution from the mean alone)."""
-    per_draft = chain_per_draft(tokens_per_step, num_draft_tokens)
-    return counted_accept_length(tokens_per_step, chain_accept_distribution(per_draft, num_draft_tokens), outputs)
-
-
-def chain_tokens_per_step(counted: float, num_draft_tokens: int, outputs: float) -> float:
-    """The inverse: the tokens per step whose counted figure at ``outputs`` per request is ``counted``."""
-    return _bisect(lambda t: chain_counted_accept_length(t, num_draft_tokens, outputs), 1.0,
-                   float(num_draft_tokens + 1), counted)
-
-
-def counted_accept_length(tokens_per_step: float, last_step: Sequence[float], outputs: float) -> float:
-    """The accept length the counters report when each request delivers ``outputs`` decode outputs: its
-    last step plus ``outputs - 1`` others taken evenly over its steps.
-
-    ``tokens_per_step`` is the engine's true accept length (tokens over steps, what an even sample of
-    steps reports); ``last_step`` is ``P(A = k)`` for a step at the end of the output. The step that
-    crosses ``max_tokens`` is chosen in proportion to its length ``1 + A``, so it counts on average
-    ``E[(1 + A)^2] / E[1 + A]``, untruncated."""
-    if outputs < 1:
-        raise ValueError(f"outputs={outputs}; allowed: >= 1 (the finishing output always arrives)")
-    first = sum((1 + k) * p for k, p in enumerate(last_step))
-    second = sum((1 + k) ** 2 * p for k, p in enumerate(last_step))
-    return ((outputs - 1) * tokens_per_step + second / first) / outputs
-
-
-def accept_length_label(accept_length: float | None, delta: Mapping[str, float], completed: int) -> str:
+def accept_length_label(accept_length: float | None, delta: Mapping[str, float], completed: int,
+                        tokens_per_step: float | None = None) -> str:
     """The accept length as a bench summary shows it: with the decode outputs per request it was counted
-    over and, below 10, how large a share of them are requests' last steps (which read high)."""
+    over and, below 10 (where a request's last step, which reads high, is a large share of them), the
+    engine's tokens per step estimated from it (:func:`tokens_per_step_estimate`) when given."""
     if accept_length is None:
         return "n/a"
     outputs = outputs_per_request(delta, completed)
@@ -150,4 +123,7 @@ def accept_length_label(accept_length: float | None, delta: Mapping[str, float],
     text = f"{accept_length:.3f} (counted over {outputs:.1f} decode outputs per request"
     if outputs >= 10:
         return text + ")"
-    return text + f"; 1 in {outputs:.1f} counted steps is a request's last, so it reads above the engine's tokens per step)"
+    text += f"; 1 in {outputs:.1f} counted steps is a request's last, so it reads above the engine's tokens per step"
+    if tokens_per_step is None:
+        return text + ")"
+    return text + f"; engine ≈ {tokens_per_step:.3f} tokens per step, estimated)"

@@ -80,7 +80,8 @@ def summary_table(result: BenchResult) -> Any:
     for label, s in (("TTFT", result.ttft_ms), ("TPOT", result.tpot_ms), ("ITL", result.itl_ms), ("E2E", result.e2e_ms)):
         rows.append((f"{label} mean / median / p99 (ms)", f"{s.mean:.2f} / {s.median:.2f} / {s.p99:.2f}"))
     rows.append(("accept length", accept_length_label(result.accept_length, result.spec_counters,
-                                                               result.completed + result.cancelled)))
+                                                      result.completed + result.cancelled,
+                                                      result.tokens_per_step_estimate)))
     if result.steady_state:
         ss = result.steady_state
         rows.append(("steady-state throughput (tok/s)", f"{ss['throughput']:.1f} ± {ss['half_width']:.1f} ({ss['windows']} windows)"))

@@ -110,6 +110,10 @@ class BenchResult:
     """Requests cancelled by the steady-state early stop (neither completed nor failed)."""
     steady_state: dict | None = None
     """:class:`SteadyStateEstimate` as a dict when a rule was given and windows were observed."""
+    tokens_per_step_estimate: float | None = None
+    """The engine's tokens per step behind ``accept_length``, which LMDeploy counts over a few outputs per
+    request, always its last (estimated: :func:`tuning.bench.counters.tokens_per_step_estimate`);
+    ``None`` without counted drafts or finished requests. ``accept_length`` stays as counted."""
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import platform
 from typing import TYPE_CHECKING
 
-from tuning.bench.counters import accept_length_from_counters
+from tuning.bench.counters import accept_length_from_counters, tokens_per_step_estimate
 from tuning.bench.records import BenchResult, RequestOutput, ServerInfo, compute_latency_stats
 from tuning.bench.steady import SteadyStateEstimate
 from tuning.workload import Workload
@@ -64,6 +64,8 @@ def _summarize(
     if early and estimate is not None and estimate.full_run_low is not None and estimate.full_run_high is not None:
         output_throughput = (estimate.full_run_low + estimate.full_run_high) / 2
     input_throughput = total_in / duration
+    accept_length = accept_length_from_counters(spec_delta, n_draft)
+    cancelled = sum(1 for o in outputs if o.cancelled)
     return BenchResult(
         workload=workload.to_dict(),
         engine_key=engine_config.key() if engine_config is not None else None,
@@ -85,12 +87,15 @@ def _summarize(
         tpot_ms=compute_latency_stats(tpots, scale),
         itl_ms=compute_latency_stats(itls, scale),
         e2e_ms=compute_latency_stats(e2es, scale),
-        accept_length=accept_length_from_counters(spec_delta, n_draft),
+        accept_length=accept_length,
         spec_counters=spec_delta,
         simulated=info.simulated,
         time_scale=scale,
         early_stopped=early,
         concurrency=workload.max_concurrency,
-        cancelled=sum(1 for o in outputs if o.cancelled),
+        cancelled=cancelled,
         steady_state=estimate.to_dict() if estimate is not None else None,
+        # Cancelled requests delivered outputs too (outputs_per_request)
+        tokens_per_step_estimate=tokens_per_step_estimate(accept_length, spec_delta, len(completed) + cancelled,
+                                                          n_draft),
     )
