@@ -36,7 +36,7 @@ RUNNING = "lmdeploy:num_requests_running"
 WAITING = "lmdeploy:num_requests_waiting"
 
 ESTIMATE_WINDOW_S = 60.0
-"""How far back the live tokens-per-step estimate looks (see :class:`AcceptLengthTracker`)."""
+"""How far back the live tokens-per-step estimate counts outputs per request (:class:`AcceptLengthTracker`)."""
 
 _LATENCY_BOUNDARIES_S = [
     0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0,
@@ -83,22 +83,22 @@ class AcceptLengthTracker:
     interval since the previous scrape, where Δdrafts = Δdraft_tokens / N (N = draft tokens per draft
     step, from the engine config) — the same definition as the bench client's.
 
-    :attr:`tokens_per_step` — the estimate of the engine's true tokens per step. Under load LMDeploy
-    counts only a few decode outputs per request, always its last (length-biased, untruncated) step, so
-    the counted figure reads high (:mod:`orchestrator.spec_counting`). Over the last ``window`` scrape
-    intervals, the outputs per request are the counted drafts (``Δnum_drafts``, else Δdraft_tokens / N)
-    over the requests the replica finished (``finished``, a running total: streams cut off mid-way
-    delivered outputs too), and :func:`~orchestrator.spec_counting.estimate_tokens_per_step` inverts
-    the counting of the window's counted figure. A window rather than one interval because the ratio
-    needs whole requests: an interval that holds only the tail of a burst counts one request's last few
-    steps against its completion and would read as a heavily coalesced one; an alert on this figure
-    should not flap with that, and a minute's delay costs an alert little (its ``for:`` is longer).
+    :attr:`tokens_per_step` — the estimate of the engine's true tokens per step behind :attr:`value`.
+    Under load LMDeploy counts only a few decode outputs per request, always its last (length-biased,
+    untruncated) step, so :attr:`value` reads high (:mod:`orchestrator.spec_counting`).
+    :func:`~orchestrator.spec_counting.estimate_tokens_per_step` inverts that counting with
+    :attr:`outputs_per_request`: the counted drafts (``Δnum_drafts``, else Δdraft_tokens / N) over the
+    requests the replica finished (``finished``, a running total: streams cut off mid-way delivered
+    outputs too), taken over the last ``window`` scrape intervals. The ratio needs whole requests: one
+    interval that holds only the tail of a burst counts a request's last few steps against its
+    completion and would read as heavily coalesced, so an alert on the estimate would flap with it. The
+    accept length itself stays the last interval's, so the estimate answers as fast as :attr:`value`.
 
     A window in which no request finished has no request's last step in its counters, only outputs
-    picked by time — an even sample of the steps — so its counted figure *is* the estimate (the
-    correction vanishes as outputs per request grow): no fallback is needed. A window without counted
-    drafts (idle, or MTP off) changes neither figure, so an idle engine keeps its last reading rather
-    than raising or clearing the alert.
+    picked by time — an even sample of the steps — so the counted figure *is* the estimate (the
+    correction vanishes as outputs per request grow): no fallback is needed. An interval without
+    counted drafts (idle, or MTP off) changes neither figure, so an idle engine keeps its last reading
+    rather than raising or clearing the alert.
 
     Counters that went backwards (engine restarted) start a new baseline instead of giving a negative
     figure; figures that stray outside the model's domain (an accepted count read ahead of its drafts,
@@ -107,12 +107,13 @@ class AcceptLengthTracker:
 
     num_draft_tokens: int
     window: int = 1
-    """Scrape intervals the estimate spans; the replica's span :data:`ESTIMATE_WINDOW_S` (:meth:`for_poll`)."""
+    """Scrape intervals :attr:`outputs_per_request` spans; the replica's span :data:`ESTIMATE_WINDOW_S`
+    (:meth:`for_poll`)."""
     value: float | None = None
     tokens_per_step: float | None = None
     outputs_per_request: float | None = None
-    """Counted drafts per finished request over the window the estimate came from; ``None`` when no
-    request finished in it (as many outputs per request as steps: no correction)."""
+    """Counted drafts per finished request over the window; ``None`` when no request finished in it (as
+    many outputs per request as steps: no correction)."""
     _scrapes: deque[_Scrape] = field(default_factory=deque, repr=False)
 
     def __post_init__(self) -> None:
@@ -121,7 +122,7 @@ class AcceptLengthTracker:
 
     @classmethod
     def for_poll(cls, num_draft_tokens: int, poll_s: float) -> AcceptLengthTracker:
-        """A tracker whose estimate spans :data:`ESTIMATE_WINDOW_S` of scrapes ``poll_s`` apart."""
+        """A tracker whose outputs per request span :data:`ESTIMATE_WINDOW_S` of scrapes ``poll_s`` apart."""
         return cls(num_draft_tokens, window=max(1, round(ESTIMATE_WINDOW_S / poll_s)))
 
     def update(self, samples: Mapping[str, float], finished: int) -> float | None:
@@ -137,28 +138,24 @@ class AcceptLengthTracker:
             self._scrapes.popleft()
         if len(self._scrapes) < 2:
             return self.value
-        interval = self._counted(self._scrapes[-2], now)
-        if interval is not None:
-            self.value = interval
-        whole = self._counted(self._scrapes[0], now)
-        if whole is not None:
-            first = self._scrapes[0]
-            drafts = (now.draft_tokens - first.draft_tokens) / self.num_draft_tokens
-            if now.drafts is not None and first.drafts is not None and now.drafts > first.drafts:
-                drafts = now.drafts - first.drafts
-            done = now.finished - first.finished
-            self.outputs_per_request = drafts / done if done > 0 else None
-            self.tokens_per_step = estimate_tokens_per_step(whole, self.num_draft_tokens, self.outputs_per_request)
+        before = self._scrapes[-2]
+        interval_drafts = (now.draft_tokens - before.draft_tokens) / self.num_draft_tokens
+        if interval_drafts <= 0:
+            return self.value
+        self.value = 1.0 + (now.accepted - before.accepted) / interval_drafts
+        first = self._scrapes[0]
+        window_drafts = (now.draft_tokens - first.draft_tokens) / self.num_draft_tokens
+        if now.drafts is not None and first.drafts is not None and now.drafts > first.drafts:
+            window_drafts = now.drafts - first.drafts
+        done = now.finished - first.finished
+        self.outputs_per_request = window_drafts / done if done > 0 else None
+        self.tokens_per_step = estimate_tokens_per_step(self.value, self.num_draft_tokens, self.outputs_per_request)
         return self.value
 
     def low(self, threshold: float) -> bool | None:
         """Whether the engine's tokens per step (the estimate) is below ``threshold``; ``None`` before
         there is one."""
         return None if self.tokens_per_step is None else self.tokens_per_step < threshold
-
-    def _counted(self, before: _Scrape, after: _Scrape) -> float | None:
-        drafts = (after.draft_tokens - before.draft_tokens) / self.num_draft_tokens
-        return 1.0 + (after.accepted - before.accepted) / drafts if drafts > 0 else None
 
 
 def _ahead(now: _Scrape, last: _Scrape) -> bool:
@@ -216,7 +213,8 @@ class EngineMetrics:
         self.tokens_per_step = Gauge(
             "mtp_engine_tokens_per_step",
             "Estimated: the counted accept length corrected for LMDeploy counting a few steps per request, "
-            "always its last (the engine's tokens per decode step over the last minute).",
+            "always its last (the engine's tokens per decode step, last poll interval; outputs per request of the "
+            "last minute).",
             tag_keys=("engine",),
         )
         self.accept_length_low = Gauge(

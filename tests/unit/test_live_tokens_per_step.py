@@ -75,38 +75,38 @@ def test_without_finished_requests_the_counted_figure_is_the_estimate():
     assert tracker.outputs_per_request is None
 
 
-def test_the_estimate_spans_its_window_so_a_bursts_tail_reads_as_the_whole_burst():
+def test_outputs_per_request_span_the_window_so_a_bursts_tail_reads_as_the_whole_burst():
     """A burst of 8 requests of 100 counted outputs each (no coalescing) whose last interval holds only
-    2 outputs and the 8 completions: one interval alone would read 0.25 outputs per request and correct
-    a figure that needs none; the window sees 100 per request."""
+    2 outputs and the 8 completions: that interval alone reads 0.25 outputs per request and would
+    correct a figure that needs none; the window sees 100 per request."""
     truth = 2.5
     counted = chain_counted_accept_length(truth, N, 100.0)
-    engine, tracker = Engine(), AcceptLengthTracker(N, window=4)
-    _scrape(tracker, engine)
-    engine.run(drafts=798, counted=counted, finished=0)
-    _scrape(tracker, engine)
-    engine.run(drafts=2, counted=counted, finished=8)
-    _scrape(tracker, engine)
-    assert tracker.outputs_per_request == pytest.approx(100.0)
-    assert tracker.tokens_per_step == pytest.approx(truth, abs=1e-6)
-    one_interval, engine = AcceptLengthTracker(N, window=1), Engine()
-    _scrape(one_interval, engine)
-    for drafts, finished in ((798, 0), (2, 8)):
-        engine.run(drafts=drafts, counted=counted, finished=finished)
-        _scrape(one_interval, engine)
-    assert one_interval.outputs_per_request == pytest.approx(0.25)
-    assert one_interval.tokens_per_step < truth - 0.1  # what the window is for
+    for window, outputs in ((4, 100.0), (1, 0.25)):
+        engine, tracker = Engine(), AcceptLengthTracker(N, window=window)
+        _scrape(tracker, engine)
+        for drafts, finished in ((798, 0), (2, 8)):
+            engine.run(drafts=drafts, counted=counted, finished=finished)
+            _scrape(tracker, engine)
+        assert tracker.outputs_per_request == pytest.approx(outputs)
+        if window > 1:
+            assert tracker.tokens_per_step == pytest.approx(truth, abs=1e-6)
+        else:
+            assert tracker.tokens_per_step < truth - 0.1  # what the window is for
 
 
-def test_older_intervals_leave_the_window():
+def test_the_accept_length_is_the_last_intervals_and_older_intervals_leave_the_window():
+    """A heavily coalesced phase (1 output per request), then two intervals at 10 per request: a window
+    of two intervals forgets the first; the accept length answers at once."""
     engine, tracker = Engine(), AcceptLengthTracker(N, window=2)
     _scrape(tracker, engine)
-    engine.run(drafts=100, counted=1.2, finished=0)  # a slow phase, then a fast one for two intervals
+    engine.run(drafts=100, counted=chain_counted_accept_length(2.4, N, 1.0), finished=100)
     _scrape(tracker, engine)
+    assert tracker.tokens_per_step == pytest.approx(2.4, abs=1e-6)
     for _ in range(2):
-        engine.run(drafts=100, counted=3.6, finished=0)
+        engine.run(drafts=100, counted=chain_counted_accept_length(1.3, N, 10.0), finished=10)
         _scrape(tracker, engine)
-    assert tracker.tokens_per_step == pytest.approx(3.6)
+    assert tracker.outputs_per_request == pytest.approx(10.0)
+    assert tracker.tokens_per_step == pytest.approx(1.3, abs=1e-6)
     assert AcceptLengthTracker.for_poll(N, 5.0).window == 12 and AcceptLengthTracker.for_poll(N, 120.0).window == 1
     with pytest.raises(ValueError, match="window"):
         AcceptLengthTracker(N, window=0)
