@@ -3,7 +3,7 @@ rows in, fitted constants and per-cell verdicts out (the simulator runs in simul
 
 Why held-out cells: a profile fitted to every measured cell can reproduce them and still extrapolate
 badly in load or temperature, which is what the router and the sweep lean on. So the cells are split
-by a rule fixed before fitting (:func:`is_held_out`), the constants are fitted on the FIT half only,
+by a rule fixed before fitting (a :class:`Split`; the test checkpoint's is :data:`TEST_CKPT_SPLIT`), the constants are fitted on the FIT half only,
 and the HELD-OUT half is predicted by running the simulator's own closed-loop benchmark
 (:func:`orchestrator.sim.scheduler.simulate_workload`, the scheduler the simulated server uses), not an
 analytic shortcut.
@@ -18,7 +18,7 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.errors import OrchestratorError
@@ -31,10 +31,12 @@ __all__ = [
     "ACCEPT_TOLERANCE",
     "ROUND_KEY",
     "SPLIT_RULE",
+    "TEST_CKPT_SPLIT",
     "THROUGHPUT_TOLERANCE",
     "CellCheck",
     "MeasuredCell",
     "SimFitError",
+    "Split",
     "WaveSetup",
     "as_counted",
     "check_cells",
@@ -42,6 +44,7 @@ __all__ = [
     "fit_acceptance",
     "fit_step_overheads",
     "is_held_out",
+    "landscape_cells",
     "mean_per_round",
     "measured_cells",
     "simulate_cell",
@@ -65,8 +68,22 @@ class SimFitError(OrchestratorError, ValueError):
 
 
 def is_held_out(num_draft_tokens: int, concurrency: int, temperature: float) -> bool:
-    """The split rule (:data:`SPLIT_RULE`)."""
+    """The test checkpoint's split rule (:data:`SPLIT_RULE`)."""
     return concurrency == 64 or (num_draft_tokens == 4 and temperature > 0)
+
+
+@dataclass(frozen=True)
+class Split:
+    """A rule that puts each cell in the FIT or the HELD-OUT half, fixed before any fit, and its statement."""
+
+    rule: str
+    """The rule in words, as the write-up and the profile's notes quote it."""
+    held_out: Callable[[int, int, float], bool]
+    """``(num_draft_tokens, concurrency, temperature) -> True`` for a held-out cell."""
+
+
+TEST_CKPT_SPLIT = Split(SPLIT_RULE, is_held_out)
+"""The test checkpoint's split (:func:`measured_cells`' default)."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +123,10 @@ class MeasuredCell:
     length measured is a figure counted over these."""
     waves: tuple[int, ...] = ()
     """Measured waves behind each round's figure (:func:`mean_per_round`), round by round."""
+    agreement: float | None = None
+    """The constructed checkpoint's agreement level (its own acceptance); None: MTP off, or not constructed."""
+    split: Split = field(default=TEST_CKPT_SPLIT, compare=False, repr=False)
+    """The rule that says whether this cell is held out."""
 
     @property
     def requests(self) -> int:
@@ -119,7 +140,7 @@ class MeasuredCell:
 
     @property
     def held_out(self) -> bool:
-        return is_held_out(self.num_draft_tokens, self.concurrency, self.temperature)
+        return self.split.held_out(self.num_draft_tokens, self.concurrency, self.temperature)
 
     @property
     def throughput(self) -> float:
@@ -153,10 +174,11 @@ class MeasuredCell:
         return (max(self.accept_lengths) - min(self.accept_lengths)) / 2
 
     def to_dict(self) -> dict[str, Any]:
-        return {"engine": self.engine, "num_draft_tokens": self.num_draft_tokens, "output_len": self.output_len,
-                "concurrency": self.concurrency, "temperature": self.temperature, "held_out": self.held_out,
-                "requests": self.requests, "counted_outputs": self.counted_outputs, "throughputs": list(self.throughputs),
-                "accept_lengths": list(self.accept_lengths), "excluded_waves": self.excluded_waves}
+        out = {"engine": self.engine, "num_draft_tokens": self.num_draft_tokens, "output_len": self.output_len,
+               "concurrency": self.concurrency, "temperature": self.temperature, "held_out": self.held_out,
+               "requests": self.requests, "counted_outputs": self.counted_outputs, "throughputs": list(self.throughputs),
+               "accept_lengths": list(self.accept_lengths), "excluded_waves": self.excluded_waves}
+        return out if self.agreement is None else {**out, "agreement": self.agreement}
 
 
 def _draft_tokens(engine: str, engines: Mapping[str, Mapping[str, Any]]) -> int:
@@ -190,7 +212,7 @@ def mean_per_round(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def measured_cells(rows: Iterable[Mapping[str, Any]], engines: Mapping[str, Mapping[str, Any]], *,
-                   backend: str = "pytorch") -> list[MeasuredCell]:
+                   backend: str = "pytorch", split: Split = TEST_CKPT_SPLIT) -> list[MeasuredCell]:
     """The cells of one engine backend from per-wave rows, one figure per round (:func:`mean_per_round`).
     A row's ``num_prompts`` (requests per wave; missing or 0: as many as the concurrency) is part of its
     cell: waves of more requests than the concurrency are another workload. A wave with a failed request
@@ -226,10 +248,60 @@ def measured_cells(rows: Iterable[Mapping[str, Any]], engines: Mapping[str, Mapp
             accept_lengths=tuple(r["accept_length"] for r in rounds if n_draft and r["accept_length"]),
             excluded_waves=failed[key], num_prompts=num_prompts,
             counted_outputs=statistics.harmonic_mean(outputs[key]) if outputs[key] else None,
-            waves=tuple(r["waves"] for r in rounds)))
+            waves=tuple(r["waves"] for r in rounds), split=split))
     if not cells:
         raise SimFitError(f"no wave of a {backend!r} engine without failures in the measurement")
     return cells
+
+
+LANDSCAPE_CELL_FIELDS = ("engine", "draft_tokens", "output_len", "temperature", "concurrency", "output_throughput",
+                         "completed")
+"""What each cell of a ``measure_landscape.py`` file must hold to be fitted."""
+
+
+def landscape_cells(landscapes: Sequence[Mapping[str, Any]], split: Split) -> list[MeasuredCell]:
+    """The cells of one or more ``measure_landscape.py`` files (``landscape.json``), pooled by their key
+    (``engine|out|T|c``): each file that holds a key gives that cell one round (one closed-loop run of
+    ``completed + failed`` requests at the cell's concurrency), so a cell measured in two leases has two
+    rounds. A run with a failed request is left out (its throughput counts a missing request's time); a cell
+    left with no run is dropped. Outputs per request seen by the counters: from each run's deltas,
+    harmonic mean over the runs (as :func:`measured_cells`)."""
+    runs: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for i, landscape in enumerate(landscapes):
+        cells = landscape.get("cells") if isinstance(landscape, Mapping) else None
+        if not isinstance(cells, Mapping):
+            raise SimFitError(f"landscape {i} has no 'cells' mapping; is it a measure_landscape.py landscape.json?")
+        if landscape.get("simulated"):
+            raise SimFitError(f"landscape {i} is SIMULATED (measure_landscape.py --sim): a fit needs GPU measurements")
+        for key, cell in cells.items():
+            missing = [f for f in LANDSCAPE_CELL_FIELDS if f not in cell]
+            if missing:
+                raise SimFitError(f"landscape {i}, cell {key!r} lacks {missing}")
+            runs[key].append(cell)
+    out = []
+    for key in sorted(runs):
+        kept = [r for r in runs[key] if not r.get("failed")]
+        if not kept:
+            continue
+        first = kept[0]
+        n_draft = int(first["draft_tokens"])
+        if any(int(r["draft_tokens"]) != n_draft or r.get("agreement") != first.get("agreement") for r in kept):
+            raise SimFitError(f"cell {key!r} names different draft counts or agreement levels in different files")
+        requests = {int(r["completed"]) + int(r.get("failed") or 0) for r in kept}
+        if len(requests) != 1:
+            raise SimFitError(f"cell {key!r} ran {sorted(requests)} requests in different files; fit them apart")
+        seen = [o for r in kept if (o := outputs_per_request(r.get("spec_counters") or {}, int(r["completed"])))]
+        accepts = tuple(float(r["accept_length"]) for r in kept if n_draft and r.get("accept_length"))
+        out.append(MeasuredCell(
+            engine=first["engine"], num_draft_tokens=n_draft, output_len=int(first["output_len"]),
+            concurrency=int(first["concurrency"]), temperature=float(first["temperature"]),
+            throughputs=tuple(float(r["output_throughput"]) for r in kept), accept_lengths=accepts,
+            excluded_waves=len(runs[key]) - len(kept), num_prompts=requests.pop(),
+            counted_outputs=statistics.harmonic_mean(seen) if seen else None, waves=tuple(1 for _ in kept),
+            agreement=None if first.get("agreement") is None else float(first["agreement"]), split=split))
+    if not out:
+        raise SimFitError("no landscape cell without failed requests to fit")
+    return out
 
 
 def simulate_cell(profile: Profile, cell: MeasuredCell, setup: WaveSetup, *, seed: int = 0) -> tuple[float, float | None]:
@@ -295,7 +367,8 @@ decode-step overhead is held too: a profile's TurboMind section, and the publish
 TurboMind assumption, are derived from it."""
 
 
-def fit_acceptance(profile: Profile, cells: Sequence[MeasuredCell]) -> tuple[dict[str, float], float]:
+def fit_acceptance(profile: Profile, cells: Sequence[MeasuredCell], *,
+                   bounds: Mapping[str, tuple[float, float]] = ACCEPT_BOUNDS) -> tuple[dict[str, float], float]:
     """Acceptance constants minimising the squared accept-length error over the MTP cells given (the
     model's analytic accept length of a fixed-length wave; the check then samples it in the simulator),
     each cell weighted by its requests per wave: a wave's accept length is a mean over its prompts, and its
@@ -311,24 +384,33 @@ def fit_acceptance(profile: Profile, cells: Sequence[MeasuredCell]) -> tuple[dic
                                                                          c.output_len, 1.0)) - c.accept_length) ** 2
                    for c in mtp)
 
-    point, best = coordinate_search(sse, {k: getattr(profile, k) for k in ACCEPT_BOUNDS}, ACCEPT_BOUNDS,
-                                    min_rel_step=0.001)
+    point, best = coordinate_search(sse, {k: getattr(profile, k) for k in bounds}, bounds, min_rel_step=0.001)
     return point, math.sqrt(best / sum(c.requests for c in mtp))
 
 
+CellProfile = Callable[[Profile, MeasuredCell], Profile]
+"""The profile a cell runs under, from the profile being fitted (e.g. with its agreement level's acceptance)."""
+
+
+def _same(profile: Profile, cell: MeasuredCell) -> Profile:
+    return profile
+
+
 def fit_step_overheads(profile: Profile, cells: Sequence[MeasuredCell], setup: WaveSetup, *,
-                       bounds: Mapping[str, tuple[float, float]] = STEP_BOUNDS) -> tuple[dict[str, float], float]:
+                       bounds: Mapping[str, tuple[float, float]] = STEP_BOUNDS, cell_profile: CellProfile = _same,
+                       max_evals: int = 2000, min_rel_step: float = 0.005) -> tuple[dict[str, float], float]:
     """Step constants minimising the squared log error of simulated vs measured output throughput over the
-    cells given (each simulated wave as :func:`simulate_cell` runs it). Returns the constants and the
-    root-mean-square relative error (log)."""
+    cells given (each simulated wave as :func:`simulate_cell` runs it, under ``cell_profile`` of the
+    constants tried). Returns the constants and the root-mean-square relative error (log)."""
     if not cells:
         raise SimFitError("no cell to fit the step constants to")
 
     def sse(point: Mapping[str, float]) -> float:
         p = profile.replace(**point)
-        return sum(math.log(simulate_cell(p, c, setup)[0] / c.throughput) ** 2 for c in cells)
+        return sum(math.log(simulate_cell(cell_profile(p, c), c, setup)[0] / c.throughput) ** 2 for c in cells)
 
-    point, best = coordinate_search(sse, {k: getattr(profile, k) for k in bounds}, bounds)
+    point, best = coordinate_search(sse, {k: getattr(profile, k) for k in bounds}, bounds, max_evals=max_evals,
+                                    min_rel_step=min_rel_step)
     return point, math.sqrt(best / len(cells))
 
 
@@ -402,11 +484,13 @@ class CellCheck:
                 "accept_ok": self.accept_ok}
 
 
-def check_cells(profile: Profile, cells: Sequence[MeasuredCell], setup: WaveSetup) -> list[CellCheck]:
-    """Each cell simulated with ``profile`` and compared with its measurement (the accept length as the
-    cell's counters would count the simulated one: :func:`as_counted`)."""
+def check_cells(profile: Profile, cells: Sequence[MeasuredCell], setup: WaveSetup, *,
+                cell_profile: CellProfile = _same) -> list[CellCheck]:
+    """Each cell simulated with ``profile`` (under ``cell_profile``) and compared with its measurement (the
+    accept length as the cell's counters would count the simulated one: :func:`as_counted`)."""
     checks = []
     for c in cells:
-        throughput, accept = simulate_cell(profile, c, setup)
-        checks.append(CellCheck(c, throughput, None if accept is None else as_counted(profile, c, accept)))
+        p = cell_profile(profile, c)
+        throughput, accept = simulate_cell(p, c, setup)
+        checks.append(CellCheck(c, throughput, None if accept is None else as_counted(p, c, accept)))
     return checks
