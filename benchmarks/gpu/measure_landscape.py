@@ -12,8 +12,8 @@ the agreement level, only the MTP head does.
 
 Per engine: start (``--backend pytorch``, alone on the GPU), one unmeasured full-length wave per
 temperature (a fresh engine's first full-length run is 15-45 % slow) and one short unmeasured run at every
-concurrency it will measure (kernels tuned or compiled on the first use of a batch shape made a first pass
-over the concurrencies read up to a third off a second one), then every cell once: ``--waves``
+concurrency it will measure (a first pass over new concurrencies can read slow, as if a cost were paid on
+the first use of a batch shape; a cell should not carry it), then every cell once: ``--waves``
 waves of ``concurrency`` requests (at least 4), input ``--input-len`` tokens of held-out source,
 ``ignore_eos``. Results go to ``--out``/``landscape.json`` after every cell; a later run with the same
 ``--out`` skips what is there, so the landscape fills over several device calls (``--deadline-s``: no
@@ -279,9 +279,10 @@ def render(state: dict[str, Any]) -> str:
         lines.append(f"Cells with failed requests: {[(x['engine'], x['output_len'], x['temperature'], x['concurrency'], x['failed'], x.get('failure_reasons')) for x in failed]}")
     if state.get("failures"):
         lines.append(f"Engines that failed: {state['failures']}")
-    if state.get("superseded"):
+    redone = sorted(k for k in state.get("superseded", {}) if state["cells"].get(k, {}).get("warmup") == WARMUP)
+    if redone:  # a cell moved aside whose engine then failed is not re-measured yet: not listed
         lines.append(f"Measured again after the per-concurrency warm-up (earlier figures kept under 'superseded'): "
-                     f"{', '.join(sorted(state['superseded']))}")
+                     f"{', '.join(redone)}")
     return "\n".join(lines) + "\n"
 
 
@@ -305,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-output-len", type=int, default=32, help="output tokens of the short warm-up run per concurrency")
     p.add_argument("--redo", type=lambda s: [x for x in s.split(",") if x], default=[], metavar="PREFIX[,PREFIX]",
                    help="measure again the cells whose key (ENGINE|outO|TT|cC) starts with a prefix and that came "
-                        "before the per-concurrency warm-up, e.g. 'mtp-off|out128|T0|'; the old figures are kept")
+                        "before the per-concurrency warm-up, e.g. 'mtp-off|out128|T0|' (the closing '|' matters: "
+                        "'...|T0' also matches T0.8); the old figures are kept")
     a = p.parse_args(argv)
     a.argv = list(sys.argv[1:] if argv is None else argv)  # the command the file records
     if a.render:
