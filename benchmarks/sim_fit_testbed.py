@@ -23,11 +23,11 @@ import math
 import re
 import statistics
 import sys
-from statistics import NormalDist
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -501,7 +501,7 @@ def findings(r: Mapping[str, Any], facts: Mapping[str, Any]) -> list[str]:
 def _noise_note(noise: Mapping[str, Any]) -> list[str]:
     if not noise.get("pairs"):
         return []
-    return [f"The noise floor, measured: MTP off at T 0 over T 0.8 (work the model treats as the same) is "
+    return ["The noise floor, measured: MTP off at T 0 over T 0.8 (work the model treats as the same) is "
             + ", ".join(f"{k} {v:g}" for k, v in noise["t0_over_t08"].items())
             + f" — above 1 in {noise['greater_than_1']} of {noise['pairs']}, geometric mean "
             f"{noise.get('geometric_mean', float('nan')):g}, so no sampling cost shows, but one run "

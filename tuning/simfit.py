@@ -22,7 +22,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.errors import OrchestratorError
-from orchestrator.sim.model import EngineParams, Profile, accept_distribution, expected_accept_length
+from orchestrator.sim.model import (
+    EngineParams,
+    Profile,
+    accept_distribution,
+    expected_accept_length,
+)
 from orchestrator.sim.scheduler import simulate_workload
 from tuning.bench.counters import counted_accept_length, outputs_per_request
 from tuning.stats import mean_confidence_interval
