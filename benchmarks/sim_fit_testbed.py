@@ -331,6 +331,13 @@ def step_overlap(landscapes: Sequence[Mapping[str, Any]], profile: Profile, setu
     return out
 
 
+def warmed_per_concurrency(landscapes: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """How many cells were measured after ``measure_landscape.py``'s warm-up at every concurrency (its ``warmup``
+    field), of how many."""
+    cells = [c for m in landscapes for c in m["cells"].values()]
+    return {"cells": sum(c.get("warmup") == measure_landscape.WARMUP for c in cells), "of": len(cells)}
+
+
 def mtp_off_ttft(landscapes: Sequence[Mapping[str, Any]]) -> dict[str, dict[int, float]]:
     """MTP-off median TTFT (ms) by output length, temperature and concurrency, as measured."""
     out: dict[str, dict[int, float]] = defaultdict(dict)
@@ -485,7 +492,9 @@ def findings(r: Mapping[str, Any], facts: Mapping[str, Any]) -> list[str]:
         "c1, c4, c16, ... after one unmeasured full-length run at concurrency 64 (`measure_landscape.run`); MTP-off "
         "median TTFT in ms by concurrency: " + "; ".join(f"{k}: " + ", ".join(f"c{c} {v:.0f}" for c, v in row.items())
                                                         for k, row in r["mtp_off_ttft_ms"].items())
-        + ". Held-out c4 mean error: "
+        + ". Cells measured after `measure_landscape.py`'s later warm-up at every concurrency (its `warmup` field): "
+        f"{r['per_concurrency_warmup']['cells']} of {r['per_concurrency_warmup']['of']}; cells measured again with it "
+        "(`--redo`) would tell a first use of a batch shape from load. Held-out c4 mean error: "
         f"{held_groups.get('4', {}).get('mean_error', float('nan')):+.0%}, c64: "
         f"{held_groups.get('64', {}).get('mean_error', float('nan')):+.0%}.",
         *_noise_note(r["one_run_noise"]),
@@ -564,6 +573,7 @@ def result_of(args: argparse.Namespace, argv: Sequence[str], landscapes: Sequenc
         "fit": [ch.to_dict() for ch in fit_checks], "fit_summary": summarise(fit_checks),
         "fit_by_group": by_group(fit_checks), "facts": facts, "one_run_noise": one_run_noise(cells),
         "step_overlap": step_overlap(landscapes, profile, setup), "mtp_off_ttft_ms": mtp_off_ttft(landscapes),
+        "per_concurrency_warmup": warmed_per_concurrency(landscapes),
     }
     r["findings"] = findings(r, facts)
     r["wall_s"] = round(time.time() - t0, 1)
@@ -610,8 +620,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
     if args.render:  # the notes are recomputed from the stored figures, the fit is not
         r = json.loads(args.render.read_text())
-        r["one_run_noise"] = one_run_noise(landscape_cells([json.loads((ROOT / m).read_text()) for m in r["measurements"]],
-                                                           TESTBED_SPLIT))
+        landscapes = [json.loads((ROOT / m).read_text()) for m in r["measurements"]]
+        r["one_run_noise"] = one_run_noise(landscape_cells(landscapes, TESTBED_SPLIT))
+        r["per_concurrency_warmup"] = warmed_per_concurrency(landscapes)
         r["findings"] = findings(r, r["facts"])
         atomic_write_text(args.render, json.dumps(r, indent=1) + "\n")
         atomic_write_text(args.render.with_suffix(".md"), render_md(r))
