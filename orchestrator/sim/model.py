@@ -12,8 +12,25 @@ Step-time model (one engine iteration, seconds)::
       + attention FLOPs over the context / same                                   # grows with context
       + fixed overhead + n * per-sequence overhead                                 # host side: launches, sampling
       + N * (one MTP-layer draft step: its weights + its KV, one token per sequence) + overheads
+      - host_overlap * min(host part, GPU part)                                    # host work hidden behind GPU
 
     prefill(t tokens) = weights / bandwidth + FLOPs / prefill FLOP/s + fixed overhead + t * per-token overhead
+
+Host/GPU overlap (``host_overlap``, 0..1, default 0): the share of the smaller of a decode step's two parts
+-- the GPU part (the memory, compute and draft-layer terms) and the host part (every ``*_overhead_ms`` term
+of the step: fixed, per sequence, verification, per draft pass) -- that runs concurrently with the other, so
+the step is ``gpu + host - host_overlap * min(host, gpu)``: the plain sum at 0, ``max(host, gpu)`` at 1.
+Why: LMDeploy's PyTorch engine pipelines its forwards -- ``EngineLoop._main_loop_get_outputs`` prefetches
+(schedules and builds) the next forward's inputs before awaiting the current one's output, the model agent
+copies inputs on a separate stream and takes a decode step's inputs as a delta of the previous step's on-GPU
+state (the next step launches without the tokens coming back to the host first), decode runs as captured CUDA
+graphs, and ``get_output_async`` polls a CUDA event instead of blocking. How much of the host work that hides
+is the engine's and the load's to decide, so a profile fits it; 0 (every profile fitted before the constant
+existed) keeps the sum. The MTP step (draft passes + verification) is one engine forward and one pipelined
+unit, so its parts are summed over the whole step before the overlap applies. Prefill stays a sum: its
+overhead terms are fitted to TTFT-dominated cells and stand for the whole-prompt input construction and the
+eager (graph-less) launches serial with the forward, and the scheduler adds a prefill to the decode of the
+same iteration, where the decode's own overlap already applies.
 
 Engines (``EngineParams.backend``): the profile's constants describe LMDeploy's PyTorch engine. A
 profile may carry a ``turbomind`` section: the constants that differ for LMDeploy's TurboMind engine
@@ -74,9 +91,11 @@ SIM_BACKENDS = ("pytorch", "turbomind")
 """The LMDeploy engines a profile can describe: its own constants are the PyTorch engine's."""
 
 BACKEND_CONSTANTS = ("eff_bandwidth", "eff_decode_flops", "eff_prefill_flops", "decode_overhead_ms",
-                     "decode_overhead_per_seq_ms", "prefill_overhead_ms", "prefill_overhead_per_token_us")
-"""Constants a profile's ``turbomind`` section may set; everything else (architecture, memory,
-acceptance) is the model's and the GPU's, the same under either engine."""
+                     "decode_overhead_per_seq_ms", "prefill_overhead_ms", "prefill_overhead_per_token_us",
+                     "host_overlap")
+"""Constants a profile's ``turbomind`` section may set (one it leaves out is the PyTorch engine's);
+everything else (architecture, memory, acceptance) is the model's and the GPU's, the same under either
+engine."""
 
 _BACKEND_NOTES = ("fitted_on", "notes")  # a backend section's documentation keys
 
@@ -147,9 +166,19 @@ class Profile:
     # host-side overheads that grow with the batch (0 where the fit folded them into the efficiencies)
     decode_overhead_per_seq_ms: float = 0.0
     prefill_overhead_per_token_us: float = 0.0
+    host_overlap: float = 0.0
+    """Share (0..1) of the smaller of a decode step's host and GPU parts hidden behind the other (module
+    docstring); 0 sums them."""
     backend: str = "pytorch"
     """The engine these constants describe (set by :meth:`for_backend`, never by the profile file)."""
     extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        overlap = self.host_overlap
+        if isinstance(overlap, bool) or not isinstance(overlap, (int, float)) or not 0.0 <= overlap <= 1.0:
+            raise SimModelError(f"profile {self.name!r}: host_overlap={overlap!r}; allowed: a number in 0..1 "
+                                "(the share of the smaller of a decode step's host and GPU parts hidden behind "
+                                "the other; 0 adds them)")
 
     @property
     def total_params_b(self) -> float:
@@ -430,28 +459,55 @@ class PerformanceModel:
         return 1.0 - self.route_miss ** (independent_tokens * self.profile.routing_spread)
 
     def decode_time(self, num_seqs: int, total_context: int) -> float:
-        """One decode (or verify) step of ``num_seqs`` sequences holding ``total_context`` KV tokens."""
+        """One decode (or verify) step of ``num_seqs`` sequences holding ``total_context`` KV tokens: its GPU
+        and host parts added, less the profile's ``host_overlap`` of the smaller one."""
+        total, gpu, host = self._decode_terms(num_seqs, total_context)
+        return total - self.profile.host_overlap * min(gpu, host)
+
+    def decode_parts(self, num_seqs: int, total_context: int) -> tuple[float, float]:
+        """``(gpu, host)`` seconds of one decode step (draft passes and verification included), before any
+        overlap: what :meth:`decode_time` combines."""
+        _, gpu, host = self._decode_terms(num_seqs, total_context)
+        return gpu, host
+
+    def _decode_terms(self, num_seqs: int, total_context: int) -> tuple[float, float, float]:
+        """(GPU + host, GPU, host) seconds of a decode step; the sum is added term by term in the order the
+        additive model always used, so ``host_overlap`` 0 gives every existing profile's step bit for bit."""
         if num_seqs == 0:
-            return 0.0
+            return 0.0, 0.0, 0.0
+        gpu, host = self._decode_main_parts(num_seqs, total_context)
+        total = gpu + host
+        if self.n_draft:
+            n, verify = self.n_draft, self.profile.mtp_verify_overhead_ms / 1e3
+            draft_gpu, draft_host = self._draft_parts(num_seqs, total_context)
+            total += verify + n * (draft_gpu + draft_host)
+            gpu += n * draft_gpu
+            host += verify + n * draft_host
+        return total, gpu, host
+
+    def _decode_main_parts(self, num_seqs: int, total_context: int) -> tuple[float, float]:
+        """The target model's forward of a decode step: (GPU seconds, host seconds)."""
         pr, n = self.profile, self.n_draft
         tokens = num_seqs * (n + 1)
         routed = num_seqs * (1 + n * pr.verify_route_novelty)
         weight_bytes = (pr.dense_params_b + pr.expert_params_b * self._coverage(routed)) * 1e9 * self.bpp
         kv_bytes = pr.kv_bytes_per_token * total_context + pr.state_bytes_per_seq * num_seqs
         flops = tokens * 2 * pr.active_params_b * 1e9 + pr.attn_flops_per_token_ctx * (n + 1) * total_context
-        t = (weight_bytes + kv_bytes) / self.bandwidth + flops / self.decode_flops
-        t += (pr.decode_overhead_ms + pr.decode_overhead_per_seq_ms * num_seqs) / 1e3
-        if n:
-            t += pr.mtp_verify_overhead_ms / 1e3 + n * self.draft_step_time(num_seqs, total_context)
-        return t
+        gpu = (weight_bytes + kv_bytes) / self.bandwidth + flops / self.decode_flops
+        return gpu, (pr.decode_overhead_ms + pr.decode_overhead_per_seq_ms * num_seqs) / 1e3
 
     def draft_step_time(self, num_seqs: int, total_context: int) -> float:
-        """One autoregressive step of the MTP draft layer (one token per sequence)."""
+        """One autoregressive step of the MTP draft layer (one token per sequence), GPU and host added (the
+        overlap applies to the whole decode step, :meth:`decode_time`)."""
+        gpu, host = self._draft_parts(num_seqs, total_context)
+        return gpu + host
+
+    def _draft_parts(self, num_seqs: int, total_context: int) -> tuple[float, float]:
         pr = self.profile
         weight_bytes = (pr.mtp_dense_params_b + pr.mtp_expert_params_b * self._coverage(num_seqs)) * 1e9 * self.bpp
         kv_bytes = pr.mtp_kv_bytes_per_token * total_context
         flops = num_seqs * 2 * pr.mtp_active_params_b * 1e9
-        return (weight_bytes + kv_bytes) / self.bandwidth + flops / self.decode_flops + pr.draft_overhead_ms / 1e3
+        return (weight_bytes + kv_bytes) / self.bandwidth + flops / self.decode_flops, pr.draft_overhead_ms / 1e3
 
     def prefill_time(self, num_tokens: int, attention_work: float) -> float:
         """A prefill iteration of ``num_tokens`` prompt tokens; ``attention_work`` = sum of token*context."""
