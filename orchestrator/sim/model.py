@@ -27,10 +27,11 @@ state (the next step launches without the tokens coming back to the host first),
 graphs, and ``get_output_async`` polls a CUDA event instead of blocking. How much of the host work that hides
 is the engine's and the load's to decide, so a profile fits it; 0 (every profile fitted before the constant
 existed) keeps the sum. The MTP step (draft passes + verification) is one engine forward and one pipelined
-unit, so its parts are summed over the whole step before the overlap applies. Prefill stays a sum: its
-overhead terms are fitted to TTFT-dominated cells and stand for the whole-prompt input construction and the
-eager (graph-less) launches serial with the forward, and the scheduler adds a prefill to the decode of the
-same iteration, where the decode's own overlap already applies.
+unit, so its parts are summed over the whole step before the overlap applies. Prefill stays a sum: a
+prefill forward's inputs are built whole on the host (not a delta) and it runs eagerly (no CUDA graph), and
+no measurement so far could tell a prefill overlap from a smaller prefill overhead (the testbed's prompts
+are all one length); the scheduler adds a prefill to the decode of the same iteration, whose own overlap
+applies to the decode part.
 
 Engines (``EngineParams.backend``): the profile's constants describe LMDeploy's PyTorch engine. A
 profile may carry a ``turbomind`` section: the constants that differ for LMDeploy's TurboMind engine
