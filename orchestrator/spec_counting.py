@@ -89,19 +89,25 @@ def chain_tokens_per_step(counted: float, num_draft_tokens: int, outputs: float)
                    float(num_draft_tokens + 1), counted)
 
 
-def estimate_tokens_per_step(counted: float, num_draft_tokens: int, outputs: float | None) -> float:
-    """:func:`chain_tokens_per_step` for figures read off live counters, for any ``counted`` and
-    ``outputs``: ``counted`` is taken into 1..N + 1 and ``outputs`` up to 1; ``outputs=None`` means
-    no request's last step was counted (none finished), so ``counted`` is an even sample of the steps
-    and the estimate itself.
+def estimate_tokens_per_step(counted: float, num_draft_tokens: int, drafts: float, sequences: float) -> float:
+    """The engine's tokens per step behind the accept length ``counted`` that the counters gave over a
+    span in which they counted ``drafts`` decode outputs and ``sequences`` decoded sequences ended
+    there: :func:`chain_tokens_per_step` at ``drafts / sequences`` outputs per sequence. The one rule
+    the bench (:func:`tuning.bench.counters.tokens_per_step_from_counters`) and the Serve replica's
+    live gauge (:class:`orchestrator.serve.metrics.AcceptLengthTracker`) share; both figures must come
+    from the same span, since the correction is exact only for whole sequences' outputs.
 
-    Live figures stray past the model's domain by the scrape, not by the engine: the counters are read
-    one after another while the engine adds to them (an accepted count ahead of its drafts), and a
-    request that finished just after a scrape is counted in one interval while its last step is in the
-    other (fewer counted drafts than finished requests). The model's edge is then the best reading."""
+    ``sequences`` 0: no sequence's last step was counted, so ``counted`` is an even sample of the steps
+    and the estimate itself (the correction vanishes as outputs per sequence grow; no special case).
+
+    Figures read off live counters may stray past the model's domain by the scrape, not by the engine:
+    the counters are read one after another while the engine adds to them (an accepted count ahead of
+    its drafts), and a sequence that ends just after a scrape is counted in one span while its last
+    step is in the other (fewer counted outputs than sequences). ``counted`` is then taken into
+    1..N + 1 and the outputs per sequence up to 1: the model's edge is the best reading."""
     if num_draft_tokens < 1:
         raise ValueError(f"num_draft_tokens={num_draft_tokens}; allowed: >= 1")
     counted = min(max(counted, 1.0), float(num_draft_tokens + 1))
-    if outputs is None:
+    if sequences <= 0:
         return counted
-    return chain_tokens_per_step(counted, num_draft_tokens, max(outputs, 1.0))
+    return chain_tokens_per_step(counted, num_draft_tokens, max(drafts / sequences, 1.0))

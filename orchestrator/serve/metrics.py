@@ -9,16 +9,19 @@ Router-side figures (TTFT, TPOT, output tokens) are measured on the stream the r
 wall-clock time — what a client sees, including the router's own overhead. With the simulated engine
 they are real seconds, not the simulator's scaled time.
 
-Also here: :func:`parse_prometheus_text` and :class:`AcceptLengthTracker`, pure helpers the replica
-uses to turn an engine's LMDeploy counters into a live accept length and the engine's tokens per step.
+Also here: :func:`parse_prometheus_text`, :func:`drafting_sequences` and :class:`AcceptLengthTracker`,
+pure helpers the replica uses to turn an engine's LMDeploy counters into a live accept length and an
+estimate of the engine's tokens per step.
 """
 from __future__ import annotations
 
+import json
 import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from orchestrator.serve.policy import requested_max_tokens
 from orchestrator.spec_counting import ACCEPTED_TOKENS, DRAFT_TOKENS, DRAFTS, estimate_tokens_per_step
 
 __all__ = [
@@ -29,6 +32,7 @@ __all__ = [
     "AcceptLengthTracker",
     "EngineMetrics",
     "RouterMetrics",
+    "drafting_sequences",
     "parse_prometheus_text",
 ]
 
@@ -36,7 +40,7 @@ RUNNING = "lmdeploy:num_requests_running"
 WAITING = "lmdeploy:num_requests_waiting"
 
 ESTIMATE_WINDOW_S = 60.0
-"""How far back the live tokens-per-step estimate counts outputs per request (:class:`AcceptLengthTracker`)."""
+"""How far back the live tokens-per-step estimate looks (:class:`AcceptLengthTracker`)."""
 
 _LATENCY_BOUNDARIES_S = [
     0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0,
@@ -71,7 +75,28 @@ class _Scrape:
     accepted: float
     draft_tokens: float
     drafts: float | None
-    finished: int
+    sequences: int
+
+
+def drafting_sequences(body: bytes) -> int:
+    """How many sequences one answered request adds to the count :class:`AcceptLengthTracker` divides
+    by: each of its ``n`` sequences (default 1) ends with a counted last step, but only when it could
+    draft — an output cap (``max_tokens``, ``max_completion_tokens`` winning as in
+    :func:`~orchestrator.serve.policy.requested_max_tokens`) of 1 or less runs no decode step (the
+    prefill makes the only token), so a health ping must not count. A body that is not a JSON object
+    counts as one sequence (the router forwards only validated bodies; the default is the common
+    request)."""
+    try:
+        request = json.loads(body)
+    except (ValueError, RecursionError):
+        return 1
+    if not isinstance(request, dict):
+        return 1
+    cap = requested_max_tokens(request.get("max_tokens"), request.get("max_completion_tokens"))
+    if isinstance(cap, (int, float)) and not isinstance(cap, bool) and cap <= 1:
+        return 0
+    n = request.get("n")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else 1
 
 
 @dataclass
@@ -79,42 +104,42 @@ class AcceptLengthTracker:
     """Live accept length from successive scrapes of LMDeploy's spec-decode counters, and the engine's
     tokens per step behind it.
 
-    :attr:`value` — the accept length as LMDeploy counts it: ``1 + Δaccepted / Δdrafts`` over the
-    interval since the previous scrape, where Δdrafts = Δdraft_tokens / N (N = draft tokens per draft
-    step, from the engine config) — the same definition as the bench client's.
+    :attr:`accept_length` — the accept length as LMDeploy counts it, ``1 + Δaccepted / Δdrafts`` over
+    the interval since the previous scrape, where Δdrafts = Δdraft_tokens / N (N = draft tokens per
+    draft step, from the engine config): the bench client's definition, and what the
+    ``mtp_engine_accept_length`` gauge shows.
 
-    :attr:`tokens_per_step` — the estimate of the engine's true tokens per step behind :attr:`value`.
-    Under load LMDeploy counts only a few decode outputs per request, always its last (length-biased,
-    untruncated) step, so :attr:`value` reads high (:mod:`orchestrator.spec_counting`).
-    :func:`~orchestrator.spec_counting.estimate_tokens_per_step` inverts that counting with
-    :attr:`outputs_per_request`: the counted drafts (``Δnum_drafts``, else Δdraft_tokens / N) over the
-    requests the replica finished (``finished``, a running total: streams cut off mid-way delivered
-    outputs too), taken over the last ``window`` scrape intervals. The ratio needs whole requests: one
-    interval that holds only the tail of a burst counts a request's last few steps against its
-    completion and would read as heavily coalesced, so an alert on the estimate would flap with it. The
-    accept length itself stays the last interval's, so the estimate answers as fast as :attr:`value`.
+    :attr:`tokens_per_step_estimate` — the engine's tokens per step. Under load LMDeploy counts a few
+    outputs per sequence, always its length-biased last step, so the counted figure reads high (why:
+    :mod:`orchestrator.spec_counting`). :func:`~orchestrator.spec_counting.estimate_tokens_per_step`
+    undoes that with the counted figure, the counted drafts and the sequences the replica saw end,
+    all three over the same ``window`` of scrape intervals: the correction holds for whole
+    sequences, and a counted figure from one span corrected with outputs per sequence from another
+    errs whenever the load changes — a new phase's first interval (an even sample, no sequence
+    ended) would be corrected as if coalesced like the phase before, a burst's tail (its last steps,
+    few others) as if not. The window makes the estimate slow (a minute); how long the alert must
+    hold before it fires is the Prometheus rule's ``for:``.
 
-    A window in which no request finished has no request's last step in its counters, only outputs
-    picked by time — an even sample of the steps — so the counted figure *is* the estimate (the
-    correction vanishes as outputs per request grow): no fallback is needed. An interval without
-    counted drafts (idle, or MTP off) changes neither figure, so an idle engine keeps its last reading
-    rather than raising or clearing the alert.
+    A window in which no sequence ended holds no sequence's last step, only outputs picked by time
+    (an even sample of the steps), so its counted figure *is* the estimate. A scrape in which
+    nothing happened (no counted draft, no sequence ended: idle, or MTP off) changes no figure, so
+    an idle engine keeps its last reading rather than raising or clearing the alert as the window
+    empties.
 
     Counters that went backwards (engine restarted) start a new baseline instead of giving a negative
-    figure; figures that stray outside the model's domain (an accepted count read ahead of its drafts,
-    a request finishing between two scrapes of its last step) are clamped, never raised.
+    figure; figures outside the model's domain are clamped, never raised
+    (:func:`~orchestrator.spec_counting.estimate_tokens_per_step`).
     """
 
     num_draft_tokens: int
-    window: int = 1
-    """Scrape intervals :attr:`outputs_per_request` spans; the replica's span :data:`ESTIMATE_WINDOW_S`
-    (:meth:`for_poll`)."""
-    value: float | None = None
-    tokens_per_step: float | None = None
-    outputs_per_request: float | None = None
-    """Counted drafts per finished request over the window; ``None`` when no request finished in it (as
-    many outputs per request as steps: no correction)."""
-    _scrapes: deque[_Scrape] = field(default_factory=deque, repr=False)
+    window: int
+    """Scrape intervals the estimate spans; :meth:`for_poll` makes it :data:`ESTIMATE_WINDOW_S` worth."""
+    accept_length: float | None = field(default=None, init=False)
+    tokens_per_step_estimate: float | None = field(default=None, init=False)
+    outputs_per_request: float | None = field(default=None, init=False)
+    """Counted drafts per ended sequence over the estimate's window; ``None`` when none ended in it (no
+    last step counted: no correction)."""
+    _scrapes: deque[_Scrape] = field(default_factory=deque, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.window < 1:
@@ -122,44 +147,52 @@ class AcceptLengthTracker:
 
     @classmethod
     def for_poll(cls, num_draft_tokens: int, poll_s: float) -> AcceptLengthTracker:
-        """A tracker whose outputs per request span :data:`ESTIMATE_WINDOW_S` of scrapes ``poll_s`` apart."""
+        """A tracker whose estimate spans :data:`ESTIMATE_WINDOW_S` of scrapes ``poll_s`` apart."""
         return cls(num_draft_tokens, window=max(1, round(ESTIMATE_WINDOW_S / poll_s)))
 
-    def update(self, samples: Mapping[str, float], finished: int) -> float | None:
+    def update(self, samples: Mapping[str, float], sequences: int) -> float | None:
         """Take one scrape (``samples``, :func:`parse_prometheus_text`) and the replica's running total
-        of finished requests; returns the counted accept length (also :attr:`value`)."""
+        of ended sequences that could draft (:func:`drafting_sequences`); returns the counted accept
+        length (also :attr:`accept_length`)."""
         if self.num_draft_tokens <= 0 or ACCEPTED_TOKENS not in samples or DRAFT_TOKENS not in samples:
-            return self.value
-        now = _Scrape(samples[ACCEPTED_TOKENS], samples[DRAFT_TOKENS], samples.get(DRAFTS), int(finished))
+            return self.accept_length
+        now = _Scrape(samples[ACCEPTED_TOKENS], samples[DRAFT_TOKENS], samples.get(DRAFTS), int(sequences))
         if self._scrapes and not _ahead(now, self._scrapes[-1]):
             self._scrapes.clear()  # counters reset: a new baseline
         self._scrapes.append(now)
         while len(self._scrapes) > self.window + 1:
             self._scrapes.popleft()
         if len(self._scrapes) < 2:
-            return self.value
-        before = self._scrapes[-2]
-        interval_drafts = (now.draft_tokens - before.draft_tokens) / self.num_draft_tokens
-        if interval_drafts <= 0:
-            return self.value
-        self.value = 1.0 + (now.accepted - before.accepted) / interval_drafts
-        first = self._scrapes[0]
-        window_drafts = (now.draft_tokens - first.draft_tokens) / self.num_draft_tokens
+            return self.accept_length
+        before, first = self._scrapes[-2], self._scrapes[0]
+        interval = self._counted(before, now)
+        if interval is not None:
+            self.accept_length = interval
+        elif now.sequences == before.sequences:
+            return self.accept_length  # nothing happened: keep the window's last figures
+        whole = self._counted(first, now)
+        if whole is None:
+            return self.accept_length
+        drafts = (now.draft_tokens - first.draft_tokens) / self.num_draft_tokens
         if now.drafts is not None and first.drafts is not None and now.drafts > first.drafts:
-            window_drafts = now.drafts - first.drafts
-        done = now.finished - first.finished
-        self.outputs_per_request = window_drafts / done if done > 0 else None
-        self.tokens_per_step = estimate_tokens_per_step(self.value, self.num_draft_tokens, self.outputs_per_request)
-        return self.value
+            drafts = now.drafts - first.drafts
+        ended = now.sequences - first.sequences
+        self.outputs_per_request = drafts / ended if ended > 0 else None
+        self.tokens_per_step_estimate = estimate_tokens_per_step(whole, self.num_draft_tokens, drafts, ended)
+        return self.accept_length
 
     def low(self, threshold: float) -> bool | None:
         """Whether the engine's tokens per step (the estimate) is below ``threshold``; ``None`` before
         there is one."""
-        return None if self.tokens_per_step is None else self.tokens_per_step < threshold
+        return None if self.tokens_per_step_estimate is None else self.tokens_per_step_estimate < threshold
+
+    def _counted(self, before: _Scrape, after: _Scrape) -> float | None:
+        drafts = (after.draft_tokens - before.draft_tokens) / self.num_draft_tokens
+        return 1.0 + (after.accepted - before.accepted) / drafts if drafts > 0 else None
 
 
 def _ahead(now: _Scrape, last: _Scrape) -> bool:
-    return now.accepted >= last.accepted and now.draft_tokens >= last.draft_tokens and now.finished >= last.finished
+    return now.accepted >= last.accepted and now.draft_tokens >= last.draft_tokens and now.sequences >= last.sequences
 
 
 class RouterMetrics:
@@ -207,20 +240,20 @@ class EngineMetrics:
         self.accept_length = Gauge(
             "mtp_engine_accept_length",
             "Live MTP accept length as LMDeploy counts it (1 + accepted / drafts over the last poll interval); "
-            "reads above the engine's tokens per step under load.",
+            "under load it reads above the engine's tokens per step (see mtp_engine_tokens_per_step_estimate).",
             tag_keys=("engine",),
         )
-        self.tokens_per_step = Gauge(
-            "mtp_engine_tokens_per_step",
-            "Estimated: the counted accept length corrected for LMDeploy counting a few steps per request, "
-            "always its last (the engine's tokens per decode step, last poll interval; outputs per request of the "
-            "last minute).",
+        self.tokens_per_step_estimate = Gauge(
+            "mtp_engine_tokens_per_step_estimate",
+            "Estimated tokens per decode step of the engine over the last minute: the counted accept length "
+            "corrected for LMDeploy counting a few steps per sequence, always its last "
+            "(orchestrator/spec_counting.py).",
             tag_keys=("engine",),
         )
         self.accept_length_low = Gauge(
             "mtp_engine_accept_length_low",
-            "1 when the engine's estimated tokens per step (mtp_engine_tokens_per_step) is below the warning "
-            "threshold, else 0.",
+            "1 when the engine's estimated tokens per step (mtp_engine_tokens_per_step_estimate) is below the "
+            "warning threshold, else 0.",
             tag_keys=("engine",),
         )
         self.running = Gauge("mtp_engine_requests_running", "lmdeploy:num_requests_running.", tag_keys=("engine",))

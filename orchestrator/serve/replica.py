@@ -46,7 +46,14 @@ from typing import Any
 from orchestrator.config import Backend, EngineConfig
 from orchestrator.errors import EngineDiedError, EngineNotReadyError, OrchestratorError
 from orchestrator.sim.server import SIM_HEADER
-from orchestrator.serve.metrics import RUNNING, WAITING, AcceptLengthTracker, EngineMetrics, parse_prometheus_text
+from orchestrator.serve.metrics import (
+    RUNNING,
+    WAITING,
+    AcceptLengthTracker,
+    EngineMetrics,
+    drafting_sequences,
+    parse_prometheus_text,
+)
 
 __all__ = ["EngineReplica", "EngineUnavailableError", "default_log_dir"]
 
@@ -117,7 +124,7 @@ class EngineReplica:
             deployment's ``health_check_timeout_s``.
         metrics_poll_s: how often the replica scrapes the engine's ``/metrics``.
         accept_length_low_threshold: the ``mtp_engine_accept_length_low`` gauge is 1 when the engine's
-            estimated tokens per step (``mtp_engine_tokens_per_step``) is below this.
+            estimated tokens per step (``mtp_engine_tokens_per_step_estimate``) is below this.
     """
 
     def __init__(
@@ -170,7 +177,9 @@ class EngineReplica:
         self._session: Any = None
         self._poller: asyncio.Task[None] | None = None
         self._accept = AcceptLengthTracker.for_poll(self.config.num_draft_tokens, self._metrics_poll_s)
-        self._finished = 0  # requests whose engine response began with a success status, ended or cut off
+        # Sequences that could draft, of requests the engine answered (ended or cut off): the tracker's divisor.
+        self._sequences_answered = 0
+        self._metrics_scrapes = 0  # successful scrapes of the engine's /metrics
         self._metrics: EngineMetrics | None = None
         self._last_samples: dict[str, float] = {}
         logger.info("engine %s ready at %s (pid %s, gpus %s)", self.key, self.engine.base_url, self.engine.pid, gpus)
@@ -219,9 +228,10 @@ class EngineReplica:
             # generation instead of finishing it for nobody.
             resp.release() if finished else resp.close()
             # The engine's spec-decode counters saw this request's outputs, cut off or not (a refused
-            # request drafted nothing): the accept-length tracker divides the counted drafts by these.
+            # request drafted nothing): the accept-length tracker divides the counted drafts by its
+            # sequences. Parsed after the response, so the client never waits for it.
             if answered:
-                self._finished += 1
+                self._sequences_answered += drafting_sequences(body)
 
     async def sim_info(self) -> dict[str, Any] | None:
         """The simulated engine's ``GET /sim/info`` (time scale, profile, counters); ``None`` for a real
@@ -242,10 +252,11 @@ class EngineReplica:
             "alive": self.engine.is_alive(),
             "gpus": self._gpus,
             "log_path": str(self.engine.log_path),
-            "accept_length": self._accept.value,
-            "tokens_per_step_estimate": self._accept.tokens_per_step,
+            "accept_length": self._accept.accept_length,
+            "tokens_per_step_estimate": self._accept.tokens_per_step_estimate,
             "outputs_per_request": self._accept.outputs_per_request,
-            "requests_finished": self._finished,
+            "sequences_answered": self._sequences_answered,
+            "metrics_scrapes": self._metrics_scrapes,
             "engine_metrics": dict(self._last_samples),
         }
 
@@ -312,12 +323,13 @@ class EngineReplica:
                     m.running.set(samples[RUNNING], tags=tags)
                 if WAITING in samples:
                     m.waiting.set(samples[WAITING], tags=tags)
-                value = self._accept.update(samples, self._finished)
+                value = self._accept.update(samples, self._sequences_answered)
                 if value is not None:
                     m.accept_length.set(value, tags=tags)
-                if self._accept.tokens_per_step is not None:
-                    m.tokens_per_step.set(self._accept.tokens_per_step, tags=tags)
+                if self._accept.tokens_per_step_estimate is not None:
+                    m.tokens_per_step_estimate.set(self._accept.tokens_per_step_estimate, tags=tags)
                     m.accept_length_low.set(1 if self._accept.low(self._threshold) else 0, tags=tags)
+                self._metrics_scrapes += 1
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # a failed scrape must never take the replica down

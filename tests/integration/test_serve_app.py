@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from orchestrator.config import EngineConfig
+from tests.waiting import wait_for
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
@@ -280,9 +281,11 @@ def test_bad_requests_and_api_keys_get_openai_errors(cluster: Cluster):
 def test_metrics_reach_rays_prometheus_endpoint(cluster: Cluster):
     # Traffic on both buckets so the accept-length poller sees MTP counters move; a streamed request
     # (TTFT/TPOT) and a refused one (errors), so the test does not lean on the tests before it.
-    finished = cluster.engine_info(MTP3)["requests_finished"]
+    answered = cluster.engine_info(MTP3)["sequences_answered"]
     for _ in range(3):
         cluster.client.completions.create(model=MODEL, prompt="a b c", max_tokens=300)
+    # A one-token ping (sampled: the le256 cell's MTP engine) runs no decode step, so drafts nothing.
+    cluster.client.completions.create(model=MODEL, prompt="ping", max_tokens=1, temperature=0.8)
     for _chunk in cluster.client.completions.create(model=MODEL, prompt="a b c", max_tokens=50, stream=True):
         pass
     with pytest.raises(openai.BadRequestError):
@@ -291,7 +294,8 @@ def test_metrics_reach_rays_prometheus_endpoint(cluster: Cluster):
     wanted = [
         "ray_mtp_router_requests_total", "ray_mtp_router_output_tokens_total", "ray_mtp_router_ttft_seconds_bucket",
         "ray_mtp_router_tpot_seconds_bucket", "ray_mtp_router_errors_total", "ray_mtp_engine_accept_length",
-        "ray_mtp_engine_accept_length_low", "ray_mtp_engine_requests_running", "ray_mtp_engine_tokens_per_step",
+        "ray_mtp_engine_accept_length_low", "ray_mtp_engine_requests_running",
+        "ray_mtp_engine_tokens_per_step_estimate",
     ]
     deadline = time.monotonic() + 90
     missing = wanted
@@ -304,13 +308,24 @@ def test_metrics_reach_rays_prometheus_endpoint(cluster: Cluster):
     assert not missing, f"not exported after 90 s: {missing}"
     line = next(ln for ln in text.splitlines() if ln.startswith("ray_mtp_engine_accept_length{") and MTP3.key() in ln)
     assert float(line.split()[-1]) > 1.0
-    # The replica counted the three requests its engine finished (the refused one reached no engine), and
-    # the simulator counts every decode step, unlike LMDeploy under load: many outputs per request, so the
+    # The replica counts a request when its response ended (possibly after the client saw the end), and
+    # its tracker sees the count at its next scrape: wait for both, then read the figures.
+    def info_once(condition):
+        info = cluster.engine_info(MTP3)
+        return info if condition(info) else None
+
+    counted = wait_for("the replica counting the three requests",
+                       lambda: info_once(lambda i: i["sequences_answered"] - answered >= 3), timeout_s=30, period_s=0.5)
+    info = wait_for("a scrape after the count",
+                    lambda: info_once(lambda i: i["metrics_scrapes"] > counted["metrics_scrapes"]),
+                    timeout_s=30, period_s=0.5)
+    # Three sequences that drafted (the ping drafted nothing, the refused request reached no engine); the
+    # simulator counts every decode step, unlike LMDeploy under load: many outputs per sequence, so the
     # engine's estimated tokens per step is the counted figure, barely corrected.
-    info = cluster.engine_info(MTP3)
-    assert info["requests_finished"] - finished == 3
+    assert info["sequences_answered"] - answered == 3
     assert info["outputs_per_request"] >= 8 and 1.0 < info["tokens_per_step_estimate"] <= 4.0
-    line = next(ln for ln in text.splitlines() if ln.startswith("ray_mtp_engine_tokens_per_step{") and MTP3.key() in ln)
+    line = next(ln for ln in text.splitlines()
+                if ln.startswith("ray_mtp_engine_tokens_per_step_estimate{") and MTP3.key() in ln)
     assert 1.0 < float(line.split()[-1]) <= 4.0
     assert 'bucket="le4096"' in text and f'engine="{MTP3.key()}"' in text
     requests = [ln for ln in text.splitlines() if ln.startswith("ray_mtp_router_requests_total{")]
@@ -322,7 +337,7 @@ def test_client_disconnect_aborts_the_engine_request(cluster: Cluster):
         text = httpx.get(cluster.engine_info(MTP3)["base_url"] + "/metrics", timeout=10).text
         return sum(float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith("sim_generation_tokens_total"))
 
-    finished = cluster.engine_info(MTP3)["requests_finished"]
+    answered = cluster.engine_info(MTP3)["sequences_answered"]
     body = {"model": MODEL, "prompt": "x", "max_tokens": 20000, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", cluster.base + "/v1/completions", json=body, timeout=60,
                       headers={"authorization": f"Bearer {API_KEY}"}) as r:
@@ -338,8 +353,8 @@ def test_client_disconnect_aborts_the_engine_request(cluster: Cluster):
     time.sleep(2.0)
     # 20000 tokens take > 10 s here: had the engine kept going, the counter would still be rising.
     assert generated() == settled, "the engine kept generating for a client that left"
-    # Its outputs reached the engine's counters: the accept-length tracker counts it as finished.
-    assert cluster.engine_info(MTP3)["requests_finished"] - finished == 1
+    # Its outputs reached the engine's counters: the accept-length tracker counts its sequence.
+    assert cluster.engine_info(MTP3)["sequences_answered"] - answered == 1
 
 
 def test_killed_engine_falls_back_and_replica_is_replaced(cluster: Cluster):

@@ -190,14 +190,14 @@ def test_prometheus_text_and_accept_length_from_counter_deltas():
             "lmdeploy:spec_decode_num_draft_tokens_total 300\nlmdeploy:num_requests_running 4\ngarbage line here\n")
     s = parse_prometheus_text(text)
     assert s["lmdeploy:spec_decode_num_accepted_tokens_total"] == 100 and s["lmdeploy:num_requests_running"] == 4
-    tr = AcceptLengthTracker(num_draft_tokens=3)
+    tr = AcceptLengthTracker(num_draft_tokens=3, window=12)
     assert tr.update(s, 0) is None  # first scrape: baseline only
     s2 = dict(s, **{"lmdeploy:spec_decode_num_accepted_tokens_total": 300.0,
                     "lmdeploy:spec_decode_num_draft_tokens_total": 600.0})
     assert tr.update(s2, 0) == pytest.approx(1 + 200 / (300 / 3))  # 3.0
     assert tr.update({"lmdeploy:spec_decode_num_accepted_tokens_total": 0.0,
                       "lmdeploy:spec_decode_num_draft_tokens_total": 0.0}, 0) == pytest.approx(3.0)  # reset: keep
-    assert AcceptLengthTracker(0).update(s2, 0) is None
+    assert AcceptLengthTracker(0, window=12).update(s2, 0) is None
 
 
 def test_serve_errors_derive_from_the_project_root_and_keep_their_builtin_bases():

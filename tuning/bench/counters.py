@@ -1,12 +1,11 @@
 """The engine's speculative-decoding counters from its Prometheus page, the accept length they give,
 and the engine's tokens per step behind it. Pure.
 
-Under load LMDeploy counts a few decode outputs per request, always the request's length-biased,
-untruncated last step, so the accept length from its counters exceeds the engine's tokens per step, the
-more so the fewer outputs per request arrive (higher load, shorter outputs): the model and its inverse
-are in :mod:`orchestrator.spec_counting` (the Serve replica's live gauge uses them too) and re-exported
-here. How much of a rise with load this accounts for, and how much is the engine's own acceptance, a
-measurement can tell only with the counters' deltas beside the figure (:func:`outputs_per_request`)."""
+Under load LMDeploy counts a few steps per request, always its length-biased last, so the counted
+accept length reads above the engine's tokens per step; why, the counting model and its inverse:
+:mod:`orchestrator.spec_counting` (re-exported here). How much of a rise with load this accounts for,
+and how much is the engine's own acceptance, a measurement can tell only with the counters' deltas
+beside the figure (:func:`outputs_per_request`)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -25,7 +24,7 @@ from orchestrator.spec_counting import (
 
 __all__ = ["SPEC_COUNTER_NAMES", "accept_length_from_counters", "accept_length_label", "chain_accept_distribution",
            "chain_counted_accept_length", "chain_per_draft", "chain_tokens_per_step", "counted_accept_length",
-           "outputs_per_request", "parse_gauge", "parse_spec_counters", "tokens_per_step_estimate"]
+           "outputs_per_request", "parse_gauge", "parse_spec_counters", "tokens_per_step_from_counters"]
 
 
 SPEC_COUNTER_NAMES: dict[str, str] = {
@@ -87,34 +86,37 @@ def accept_length_from_counters(delta: Mapping[str, float], num_draft_tokens: in
 def outputs_per_request(delta: Mapping[str, float], completed: int) -> float | None:
     """Decode outputs the counters saw per request (``Δnum_drafts / completed``; pass requests cancelled
     mid-stream in ``completed`` too, their outputs count): near 1 when only the finishing output arrives.
-    Even one request at a time leaves some steps uncounted (about a quarter on the H200)."""
+    Even one request at a time leaves some steps uncounted: an output the api_server has not taken
+    before the engine's next step is replaced by it, so a fast engine outruns its own counting."""
     drafts = float(delta.get("num_drafts", 0.0))
     if completed <= 0 or drafts <= 0:
         return None
     return drafts / completed
 
 
-def tokens_per_step_estimate(accept_length: float | None, delta: Mapping[str, float], completed: int,
-                              num_draft_tokens: int | None) -> float | None:
-    """The engine's tokens per step behind a counted ``accept_length`` (estimated: a chain of constant
-    per-draft acceptance counted over :func:`outputs_per_request` outputs, always a request's last;
-    :func:`~orchestrator.spec_counting.estimate_tokens_per_step`). ``None`` when the deltas do not say
-    how many outputs per request were counted. ``N`` from the engine config when known, else
-    ``Δdraft_tokens / Δdrafts``."""
-    outputs = outputs_per_request(delta, completed)
-    if accept_length is None or outputs is None:
+def tokens_per_step_from_counters(accept_length: float | None, delta: Mapping[str, float], completed: int,
+                                  num_draft_tokens: int | None) -> float | None:
+    """The engine's tokens per step behind a counted ``accept_length`` (estimated by
+    :func:`~orchestrator.spec_counting.estimate_tokens_per_step`, the rule the Serve replica's live
+    gauge follows too) from the run's counter deltas and its ``completed`` requests (pass requests
+    cancelled mid-stream too: their outputs were counted). ``None`` when there is no counted figure or
+    ``N`` is unknown; ``N`` from the engine config when known, else ``Δdraft_tokens / Δdrafts``."""
+    if accept_length is None:
         return None
-    n = num_draft_tokens or round(float(delta.get("num_draft_tokens", 0.0)) / float(delta["num_drafts"]))
+    drafts = float(delta.get("num_drafts", 0.0))
+    n = num_draft_tokens or (round(float(delta.get("num_draft_tokens", 0.0)) / drafts) if drafts > 0 else 0)
     if n < 1:
         return None
-    return estimate_tokens_per_step(accept_length, n, outputs)
+    if drafts <= 0:
+        drafts = float(delta.get("num_draft_tokens", 0.0)) / n
+    return estimate_tokens_per_step(accept_length, n, drafts, max(completed, 0))
 
 
 def accept_length_label(accept_length: float | None, delta: Mapping[str, float], completed: int,
                         tokens_per_step: float | None = None) -> str:
     """The accept length as a bench summary shows it: with the decode outputs per request it was counted
     over and, below 10 (where a request's last step, which reads high, is a large share of them), the
-    engine's tokens per step estimated from it (:func:`tokens_per_step_estimate`) when given."""
+    engine's tokens per step estimated from it (:func:`tokens_per_step_from_counters`) when given."""
     if accept_length is None:
         return "n/a"
     outputs = outputs_per_request(delta, completed)

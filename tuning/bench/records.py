@@ -111,9 +111,10 @@ class BenchResult:
     steady_state: dict | None = None
     """:class:`SteadyStateEstimate` as a dict when a rule was given and windows were observed."""
     tokens_per_step_estimate: float | None = None
-    """The engine's tokens per step behind ``accept_length``, which LMDeploy counts over a few outputs per
-    request, always its last (estimated: :func:`tuning.bench.counters.tokens_per_step_estimate`);
-    ``None`` without counted drafts or finished requests. ``accept_length`` stays as counted."""
+    """The engine's tokens per step behind ``accept_length``, which reads high under load (a few steps
+    per request counted, always its last: :mod:`orchestrator.spec_counting`); estimated by
+    :func:`tuning.bench.counters.tokens_per_step_from_counters`, ``None`` without a counted figure.
+    ``accept_length`` stays as counted."""
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

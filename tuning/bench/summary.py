@@ -5,7 +5,7 @@ from __future__ import annotations
 import platform
 from typing import TYPE_CHECKING
 
-from tuning.bench.counters import accept_length_from_counters, tokens_per_step_estimate
+from tuning.bench.counters import accept_length_from_counters, tokens_per_step_from_counters
 from tuning.bench.records import BenchResult, RequestOutput, ServerInfo, compute_latency_stats
 from tuning.bench.steady import SteadyStateEstimate
 from tuning.workload import Workload
@@ -96,6 +96,6 @@ def _summarize(
         cancelled=cancelled,
         steady_state=estimate.to_dict() if estimate is not None else None,
         # Cancelled requests delivered outputs too (outputs_per_request)
-        tokens_per_step_estimate=tokens_per_step_estimate(accept_length, spec_delta, len(completed) + cancelled,
-                                                          n_draft),
+        tokens_per_step_estimate=tokens_per_step_from_counters(accept_length, spec_delta,
+                                                               len(completed) + cancelled, n_draft),
     )
