@@ -7,9 +7,11 @@ and 1-4 draft tokens x concurrency x temperature x output length, per agreement 
 closed-loop run of max(4, 2c) requests. Its architecture numbers are counted from the preset's shape
 (:mod:`tuning.checkpoint.footprint`), not fitted. The split (:data:`TESTBED_SPLIT`) was fixed before the
 first fit. Fitted on the FIT half: acceptance per agreement level (each level is its own checkpoint), then
-the step constants shared by every level; each held-out cell's run is then repeated by the simulator's own
+the step constants shared by every level, under two step structures (:data:`STRUCTURES`: host overhead
+added to GPU time, or partly hidden behind it, ``host_overlap``); the structure is chosen on the FIT half
+alone (:func:`choose_structure`), and each held-out cell's run is then repeated by the simulator's own
 closed-loop benchmark and compared with the one measured run (±10 % throughput, ±0.15 accept length as
-LMDeploy's counters count it).
+LMDeploy's counters count it), for both structures.
 
     python benchmarks/sim_fit_testbed.py                                   # fit, check, write the write-up (~5 min, 2 cores)
     python benchmarks/sim_fit_testbed.py --measurement A.json B.json      # pool several leases' landscapes
@@ -91,6 +93,35 @@ STEP_BOUNDS = {"eff_bandwidth": (0.2, 1.0), "eff_decode_flops": (0.02, 1.0), "de
 same), and their bounds. The decode step at concurrency 1 is mostly host-side (the fixed overhead), from 64 up
 every expert is read each step (bandwidth) and MTP verification multiplies the tokens a step computes (FLOPs)."""
 
+OVERLAP_BOUNDS = {"host_overlap": (0.0, 1.0)}
+"""The overlap structure's one more constant: the share of the smaller of a decode step's host and GPU parts
+hidden behind the other (``orchestrator.sim.model``); the additive structure holds it at 0."""
+OVERLAP_START = 0.5
+"""Where the overlap structure's search starts (mid-range: no side taken before the fit)."""
+STRUCTURES = {"additive": STEP_BOUNDS, "overlap": {**STEP_BOUNDS, **OVERLAP_BOUNDS}}
+"""The two step structures compared, by the constants each fits."""
+STRUCTURE_RULE = (
+    "Chosen on the FIT half only, before any held-out cell is simulated: the lower Bayesian information "
+    "criterion of the FIT cells' throughput log errors, n ln(log-RMS^2) + k ln(n) (n FIT cells, k step constants "
+    "fitted): the overlap structure nests the additive one (host_overlap 0), so it must lower the FIT log-RMS by "
+    "more than its one extra constant buys by itself (about 4 % at 48 cells); a tie keeps the additive.")
+"""How :func:`choose_structure` chooses (quoted by the write-up)."""
+
+LMDEPLOY_OVERLAP = (
+    "LMDeploy's PyTorch engine does overlap host and GPU work (read in `InternLM/lmdeploy` at commit 1263d5cd, "
+    "whose `lmdeploy/version.py` says 0.16.0: the newest snapshot stored here; the 0.18 release itself was not "
+    "read): `lmdeploy/pytorch/engine/engine_loop.py` `EngineLoop._main_loop_get_outputs` queues forward k, then "
+    "awaits `_prefetch_next_inputs()` (the scheduler picks, `inputs_maker.prefetch_next_inputs` builds forward "
+    "k+1) before `executor.get_output_async()` hands back forward k's tokens; "
+    "`lmdeploy/pytorch/engine/model_agent/agent.py` copies inputs to the GPU on a second stream "
+    "(`_async_loop_inputs_preprocess`), builds a decode step's inputs as a `ModelInputsDelta` applied to the "
+    "previous step's on-GPU state (`_async_step`: `_get_inputs_from_delta`, `step_inputs.step_decode`), so "
+    "step k+1 launches without step k's tokens reaching the host, and `get_output_async` polls a CUDA event "
+    "instead of blocking; decode runs as captured CUDA graphs (`build_graph_runner`, the MTP proposer's too in "
+    "`lmdeploy/pytorch/spec_decode/spec_agent.py`, whose draft passes loop inside the same forward). How much "
+    "of the host work that hides depends on the load, so the model fits it (`host_overlap`).")
+"""What LMDeploy's source shows about host/GPU overlap (quoted by the write-up)."""
+
 HELD_STEP = {"routing_spread": 1.0, "verify_route_novelty": 1.0, "eff_prefill_flops": 0.4}
 """Held, for the reasons :data:`HELD_STEP_WHY` gives."""
 HELD_STEP_WHY = (
@@ -139,7 +170,7 @@ def build_profile(fitted: Mapping[str, float], acceptance: Mapping[float, Mappin
                   default_agreement: float) -> dict[str, Any]:
     """The profile JSON: architecture counted, hardware stated, step constants and acceptance as fitted. The
     ``acceptance`` section is ``default_agreement``'s level; other levels go to ``other_agreements``."""
-    steps = {**HELD_STEP, **{k: fitted[k] for k in STEP_BOUNDS}}
+    steps = {**HELD_STEP, **{k: fitted[k] for k in (*STEP_BOUNDS, *OVERLAP_BOUNDS) if k in fitted}}
     data: dict[str, Any] = {
         "name": PROFILE_NAME, "calibrated": False, "notes": notes,
         "derived_from": f"architecture and mtp sections: tuning.checkpoint.footprint.footprint(PRESETS[{PRESET!r}])"
@@ -194,6 +225,16 @@ def fit(base: Profile, cells: Sequence[MeasuredCell], setup: WaveSetup, *, max_e
     """Fit on ``cells`` (the FIT half): acceptance per agreement level (from the accept lengths, as counted),
     then the step constants over every cell, each level under its own acceptance. Returns (acceptance by
     level, step constants, errors: per-level accept RMS and the throughput log-RMS), all rounded as stored."""
+    acceptance, errors = fit_acceptance_levels(base, cells, progress=progress)
+    steps, log_rms = fit_steps(base, cells, setup, acceptance, max_evals=max_evals, min_rel_step=min_rel_step,
+                               step_bounds=step_bounds, progress=progress)
+    return acceptance, steps, {**errors, "throughput_log_rms": log_rms}
+
+
+def fit_acceptance_levels(base: Profile, cells: Sequence[MeasuredCell], *, progress: Any = print
+                          ) -> tuple[dict[float, dict[str, float]], dict[str, float]]:
+    """Acceptance per agreement level from the accept lengths of ``cells`` (as counted), rounded as stored;
+    and each level's accept-length RMS."""
     levels = sorted({c.agreement for c in cells if c.agreement is not None})
     if not levels:
         raise SimFitError("no MTP cell with an agreement level among the cells to fit")
@@ -206,7 +247,15 @@ def fit(base: Profile, cells: Sequence[MeasuredCell], setup: WaveSetup, *, max_e
         acceptance[level] = {k: _round(v) for k, v in point.items()}
         errors[f"accept_rms_a{agreement_key(level)}"] = round(rms, 4)
         progress(f"  agreement {level:g}: {acceptance[level]} (accept-length RMS {rms:.3f}, {len(mine)} cells)")
+    return acceptance, errors
 
+
+def fit_steps(base: Profile, cells: Sequence[MeasuredCell], setup: WaveSetup,
+              acceptance: Mapping[float, Mapping[str, float]], *, max_evals: int = 2000, min_rel_step: float = 0.02,
+              step_bounds: Mapping[str, tuple[float, float]] = STEP_BOUNDS, progress: Any = print
+              ) -> tuple[dict[str, float], float]:
+    """The step constants in ``step_bounds`` over every cell, each level under its own acceptance, searched
+    from ``base``'s values; rounded as stored, with the throughput log-RMS on ``cells``."""
     def cell_profile(p: Profile, c: MeasuredCell) -> Profile:
         return p if c.agreement is None else p.replace(**HELD_ACCEPTANCE, **acceptance[c.agreement])
 
@@ -214,8 +263,40 @@ def fit(base: Profile, cells: Sequence[MeasuredCell], setup: WaveSetup, *, max_e
     steps, log_rms = fit_step_overheads(base.replace(**HELD_STEP), cells, setup, bounds=step_bounds,
                                         cell_profile=cell_profile, max_evals=max_evals,
                                         min_rel_step=min_rel_step)
-    errors["throughput_log_rms"] = round(log_rms, 4)
-    return acceptance, {k: _round(v) for k, v in steps.items()}, errors
+    return {k: _round(v) for k, v in steps.items()}, round(log_rms, 4)
+
+
+def information_criterion(log_rms: float, cells: int, constants: int) -> float:
+    """BIC of a fit with Gaussian log errors: ``n ln(log-RMS^2) + k ln(n)`` (lower is better)."""
+    if cells < 1 or log_rms <= 0:
+        raise SimFitError(f"an information criterion needs cells >= 1 and a log-RMS > 0; got {cells}, {log_rms}")
+    return cells * math.log(log_rms ** 2) + constants * math.log(cells)
+
+
+def choose_structure(fit_log_rms: Mapping[str, float], cells: int,
+                     structures: Mapping[str, Mapping[str, Any]] = STRUCTURES) -> tuple[str, dict[str, float]]:
+    """The structure :data:`STRUCTURE_RULE` chooses from each structure's throughput log-RMS on the ``cells``
+    FIT cells (and nothing else: a held-out figure never enters); with each one's criterion. Ties go to the
+    structure with fewer constants."""
+    unknown = sorted(set(fit_log_rms) - set(structures))
+    if unknown or not fit_log_rms:
+        raise SimFitError(f"structures {unknown or '(none)'} to choose from; known: {list(structures)}")
+    scores = {name: round(information_criterion(rms, cells, len(structures[name])), 3)
+              for name, rms in fit_log_rms.items()}
+    return min(scores, key=lambda name: (scores[name], len(structures[name]))), scores
+
+
+def fit_overlap_structure(base: Profile, cells: Sequence[MeasuredCell], setup: WaveSetup,
+                          acceptance: Mapping[float, Mapping[str, float]], additive: Mapping[str, float],
+                          additive_log_rms: float, **kw: Any) -> tuple[dict[str, float], float]:
+    """The overlap structure's constants: searched from :data:`OVERLAP_START` with the other constants at
+    ``base``'s start, kept only if they beat the additive fit on ``cells``, which is itself a point of this
+    structure (``host_overlap`` 0): a local search that ends worse found less, not a worse structure."""
+    steps, log_rms = fit_steps(base.replace(host_overlap=OVERLAP_START), cells, setup, acceptance,
+                               step_bounds=STRUCTURES["overlap"], **kw)
+    if log_rms <= additive_log_rms:
+        return steps, log_rms
+    return {**additive, "host_overlap": 0.0}, additive_log_rms
 
 
 def summarise(checks: Sequence[CellCheck]) -> dict[str, Any]:
@@ -226,6 +307,7 @@ def summarise(checks: Sequence[CellCheck]) -> dict[str, Any]:
             "accept_cells": len(with_accept), "accept_pass": sum(bool(ch.accept_ok) for ch in with_accept),
             "max_abs_throughput_error": round(max(abs(ch.throughput_error) for ch in checks), 4),
             "median_abs_throughput_error": round(statistics.median(abs(ch.throughput_error) for ch in checks), 4),
+            "log_rms": round(math.sqrt(statistics.fmean(math.log1p(ch.throughput_error) ** 2 for ch in checks)), 4),
             "max_abs_accept_error": round(max(abs(ch.accept_error) for ch in with_accept), 4) if with_accept else None,
             "worst_throughput": [f"{ch.cell.name} {ch.throughput_error:+.0%}" for ch in worst],
             "worst_accept": [f"{ch.cell.name} {ch.accept_error:+.2f}" for ch in worst_accept]}
@@ -381,6 +463,63 @@ def _against_noise(r: Mapping[str, Any]) -> list[str]:
             "concurrency below."]
 
 
+def _structure_lines(r: Mapping[str, Any]) -> list[str]:
+    """The two step structures side by side: what chose (FIT), and the held-out result of each (the record)."""
+    structures = r.get("structures") or {}
+    if not structures:
+        return []
+    chosen = r["chosen_structure"]
+
+    def by_c(groups: Mapping[str, Any]) -> str:
+        return ", ".join(f"c{c} {g['mean_error']:+.0%}" for c, g in groups.items())
+
+    lines = ["## Step structure: additive or host/GPU overlap (chosen on the FIT half)", "",
+             LMDEPLOY_OVERLAP, "",
+             ("The structures: **additive**, a decode step of host overhead + GPU time (every earlier profile); "
+              "**overlap**, `gpu + host - host_overlap x min(host, gpu)` (`orchestrator/sim/model.py`; the MTP step's "
+              "parts summed over its draft passes and verification first; prefill stays a sum), `host_overlap` "
+              f"fitted in 0..1 beside the same constants, its search started at {OVERLAP_START:g}. "
+              f"{r['structure_rule']}"),
+             "",
+             ("| structure | constants fitted | `host_overlap` | FIT log-RMS | criterion | FIT ±10 % | FIT mean error by "
+              "concurrency | held-out ±10 % (median) | held-out accept ±0.15 | held-out mean error by concurrency |"),
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, st in structures.items():
+        fs, hs = st["fit_summary"], st["held_out_summary"]
+        lines.append(f"| {'**' + name + '** (chosen)' if name == chosen else name} | {len(STRUCTURES[name])} | "
+                     f"{st['fitted'].get('host_overlap', 0.0):g} | {st['fit_log_rms']:.4f} | {st['criterion']:.1f} | "
+                     f"{fs['throughput_pass']}/{fs['cells']} | {by_c(st['fit_by_concurrency'])} | "
+                     f"{hs['throughput_pass']}/{hs['cells']} ({hs['median_abs_throughput_error']:.0%}) | "
+                     f"{hs['accept_pass']}/{hs['accept_cells']} | {by_c(st['held_out_by_concurrency'])} |")
+    other = [n for n in structures if n != chosen]
+    mine = structures[chosen]
+    lines += ["", f"Chosen: **{chosen}**, on the FIT columns alone (criterion lower"
+              + (f" than {', '.join(other)}'s" if other else "") + "); the held-out columns were computed after the "
+              "choice, for the record, and did not enter it. The rest of this write-up is the chosen structure's."]
+    for name in other:
+        theirs = structures[name]
+        h_mine, h_theirs = mine["held_out_summary"], theirs["held_out_summary"]
+        better = h_mine["log_rms"] < h_theirs["log_rms"]
+        lines += ["", f"Held out, {chosen} against {name}: log-RMS {h_mine['log_rms']:.3f} against "
+                  f"{h_theirs['log_rms']:.3f}, ±10 % in {h_mine['throughput_pass']} against "
+                  f"{h_theirs['throughput_pass']} of {h_mine['cells']} cells (FIT: log-RMS {mine['fit_log_rms']:.3f} "
+                  f"against {theirs['fit_log_rms']:.3f}, ±10 % {mine['fit_summary']['throughput_pass']} against "
+                  f"{theirs['fit_summary']['throughput_pass']} of {mine['fit_summary']['cells']}): "
+                  + ("the FIT half's gain carries to the held-out half." if better else
+                     "the FIT half's gain does NOT carry to the held-out half; the structure stays chosen, because "
+                     "choosing it by these columns would fit the held-out cells.")]
+    bounds = STRUCTURES["overlap"]
+    pinned = {name: [f"`{k}` {v:g}" for k, v in st["fitted"].items() if k in bounds and v in bounds[k]]
+              for name, st in structures.items()}
+    lines += ["", "Constants at a bound of their search: " + "; ".join(
+        f"{name}: {', '.join(v) if v else 'none'}" for name, v in pinned.items()) + ".", ""]
+    lines += [
+              "Constants of each fit: " + "; ".join(
+                  f"{name}: " + ", ".join(f"`{k}` {v:g}" for k, v in st["fitted"].items())
+                  for name, st in structures.items()) + ".", ""]
+    return lines
+
+
 def render_md(r: Mapping[str, Any]) -> str:
     held, fit_s, facts = r["held_out_summary"], r["fit_summary"], r["facts"]
     goal = held["throughput_pass"] == held["cells"] and held["accept_pass"] == held["accept_cells"]
@@ -435,6 +574,7 @@ def render_md(r: Mapping[str, Any]) -> str:
         + f" (throughput log-RMS on FIT {r['fit_errors']['throughput_log_rms']:.3f}).",
         "- **Held:** " + ", ".join(f"`{k}` {v:g}" for k, v in r["held"].items()) + ". " + HELD_STEP_WHY,
         "",
+        *_structure_lines(r),
         "## Held-out result",
         "",
         f"- Throughput within ±10 %: **{held['throughput_pass']} of {held['cells']} cells** (median |error| "
@@ -499,7 +639,7 @@ def findings(r: Mapping[str, Any], facts: Mapping[str, Any]) -> list[str]:
         f"{held_groups.get('64', {}).get('mean_error', float('nan')):+.0%}.",
         *_noise_note(r["one_run_noise"]),
         *_overlap_note(r),
-        "Model limits met here (not changed: `orchestrator/sim/model.py` is not this fit's): the decode step reads "
+        "Model limits met here (not changed): the decode step reads "
         "every dense weight, the 0.31 B-parameter embedding table included (a gather in the engine, 0.62 GB a step "
         "too many in the model), and an MTP draft step reads only the MTP layer's weights, not the shared 0.62 GB "
         "`lm_head` it computes its draft logits with; the fitted efficiencies and draft overhead absorb both.",
@@ -521,34 +661,50 @@ def _noise_note(noise: Mapping[str, Any]) -> list[str]:
 
 
 def _overlap_note(r: Mapping[str, Any]) -> list[str]:
-    overlap, fitted = r["step_overlap"], r["fitted"]
+    overlap = {k: {part: {int(c): ms for c, ms in by_c.items()} for part, by_c in v.items()}  # JSON keys are text
+               for k, v in r["step_overlap"].items()}
     rows = {k: v for k, v in overlap.items() if 1 in v["tpot_ms"] and 16 in v["tpot_ms"]}
     if not rows:
         return []
+    additive = (r.get("structures") or {}).get("additive") or {
+        "fitted": r["fitted"], "fit_by_concurrency": r["fit_by_group"]["concurrency"]}  # a result from before
+    fitted = additive["fitted"]
     flatter = sum(v["tpot_ms"][16] - v["tpot_ms"][1] < v["gpu_floor_ms"][16] - v["gpu_floor_ms"][1] for v in rows.values())
     parts = [f"{k}: " + ", ".join(f"c{c} {v['tpot_ms'][c]:.2f} ({v['gpu_floor_ms'][c]:.2f})" for c in v["tpot_ms"])
              for k, v in overlap.items()]
-    errors = {c: g["mean_error"] for c, g in r["fit_by_group"]["concurrency"].items()}
-    at_bounds = [k for k, v in fitted.items() if v in STEP_BOUNDS[k]]
-    return ["The model's decode step is host overhead PLUS GPU time. Measured MTP-off median TPOT in ms, with "
-            "the least GPU time the model's own byte count allows at the H200's full 4.8 TB/s in brackets: "
+    errors = {c: g["mean_error"] for c, g in additive["fit_by_concurrency"].items()}
+    bounds = STRUCTURES["additive"]
+    at_bounds = [k for k, v in fitted.items() if k in bounds and v in bounds[k]]
+    return ["Why a second structure: measured MTP-off median TPOT in ms, with the least GPU time the model's own "
+            "byte count allows at the H200's full 4.8 TB/s in brackets: "
             + "; ".join(parts) + f". From concurrency 1 to 16 the measured step grows by less than that floor "
-            f"(about 7 GB more expert weights a step) in {flatter} of {len(rows)} rows, which an additive step fits "
-            "only with a bandwidth efficiency above 1; the fit's mean error on FIT cells by concurrency: "
-            + ", ".join(f"c{c} {e:+.0%}" for c, e in errors.items())
-            + (f"; constants at a bound of their search: {', '.join(f'{k} {fitted[k]:g}' for k in at_bounds)}"
+            f"(about 7 GB more expert weights a step) in {flatter} of {len(rows)} rows, which a step of host overhead "
+            "PLUS GPU time fits only with a bandwidth efficiency above 1; the additive fit's mean error on FIT cells "
+            "by concurrency: " + ", ".join(f"c{c} {e:+.0%}" for c, e in errors.items())
+            + (f"; its constants at a bound of their search: {', '.join(f'{k} {fitted[k]:g}' for k in at_bounds)}"
                if at_bounds else "")
-            + ". What the model would need, if this holds: a decode step nearer max(host, GPU) than their sum "
-            "(host work overlapping GPU work, as CUDA graphs or an asynchronous engine loop allow; not checked in "
-            "LMDeploy's source here). Only concurrency 1 to 16 is read this way: under load a client's TPOT also "
-            "sees coalesced chunks (a median below any GPU step, as at o128 T0.8 c256, is one). Not changed here: "
-            "`orchestrator/sim/model.py` is not this fit's."]
+            + ". Only concurrency 1 to 16 is read this way: under load a client's TPOT also sees coalesced chunks "
+            "(a median below any GPU step, as at o128 T0.8 c256, is one)."]
+
+
+def structure_report(profile: Profile, cells: Sequence[MeasuredCell], setup: WaveSetup, fitted: Mapping[str, float],
+                     fit_log_rms: float, criterion: float) -> dict[str, Any]:
+    """One step structure's fit and checks: its constants, FIT log-RMS and criterion (what chose), and, for the
+    record only, its held-out result."""
+    fit_checks, held_checks = (check_cells(profile, [c for c in cells if c.held_out is held], setup,
+                                           cell_profile=lambda p, c: at_agreement(p, c.agreement))
+                               for held in (False, True))
+    return {"fitted": dict(fitted), "fit_log_rms": fit_log_rms, "criterion": criterion,
+            "fit_summary": summarise(fit_checks), "fit_by_concurrency": by_group(fit_checks)["concurrency"],
+            "held_out_summary": summarise(held_checks),
+            "held_out_by_concurrency": by_group(held_checks)["concurrency"]}
 
 
 def result_of(args: argparse.Namespace, argv: Sequence[str], landscapes: Sequence[Mapping[str, Any]],
               cells: Sequence[MeasuredCell],
               setup: WaveSetup, acceptance: Mapping[float, Mapping[str, float]], steps: Mapping[str, float],
-              errors: Mapping[str, float], profile: Profile, t0: float) -> dict[str, Any]:
+              errors: Mapping[str, float], profile: Profile, t0: float,
+              structures: Mapping[str, Any] | None = None, chosen: str = "additive") -> dict[str, Any]:
     fit_cells = [c for c in cells if not c.held_out]
     held_cells = [c for c in cells if c.held_out]
     held_checks = check_cells(profile, held_cells, setup, cell_profile=lambda p, c: at_agreement(p, c.agreement))
@@ -574,6 +730,7 @@ def result_of(args: argparse.Namespace, argv: Sequence[str], landscapes: Sequenc
         "fit_by_group": by_group(fit_checks), "facts": facts, "one_run_noise": one_run_noise(cells),
         "step_overlap": step_overlap(landscapes, profile, setup), "mtp_off_ttft_ms": mtp_off_ttft(landscapes),
         "per_concurrency_warmup": warmed_per_concurrency(landscapes),
+        "structure_rule": STRUCTURE_RULE, "chosen_structure": chosen, "structures": dict(structures or {}),
     }
     r["findings"] = findings(r, facts)
     r["wall_s"] = round(time.time() - t0, 1)
@@ -592,7 +749,9 @@ def profile_notes(r: Mapping[str, Any]) -> str:
         f"{r['split_rule']} Fitted: acceptance per agreement level (accept_p0, accept_temperature_slope; the "
         "'acceptance' section is agreement " + str(r["default_agreement"]) + ", other levels under 'other_agreements'; "
         "accept_log_slope and accept_depth_penalty 0: the construction's per-draft acceptance is constant) and the "
-        f"step constants {', '.join(r['fitted'])}; held: routing_spread 1 and verify_route_novelty 1 (random router, "
+        f"step constants {', '.join(r['fitted'])} (step structure {r.get('chosen_structure', 'additive')!r}, chosen "
+        "on the FIT half: host_overlap is the share of the smaller of a decode step's host and GPU parts hidden "
+        "behind the other, absent or 0 = added); held: routing_spread 1 and verify_route_novelty 1 (random router, "
         "independent tokens; issue #22's probe's expert counts agree), eff_prefill_flops 0.4. Held-out check "
         "(simulator's closed-loop benchmark vs ONE measured run per cell): throughput within ±10 % in "
         f"{held['throughput_pass']} of {held['cells']} cells (median |error| {held['median_abs_throughput_error']:.0%}, "
@@ -610,7 +769,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--profile", type=Path, default=PROFILE,
                     help="profile JSON to write with --write-profile")
     ap.add_argument("--out-prefix", type=Path, default=OUT_PREFIX, help="writes PREFIX.json and PREFIX.md")
-    ap.add_argument("--write-profile", action="store_true", help="store the fit (and its notes) in --profile")
+    ap.add_argument("--write-profile", action="store_true",
+                    help="store the fit (and its notes) in --profile; with --render, the stored result's fit")
     ap.add_argument("--render", type=Path, metavar="RESULT_JSON",
                     help="re-write the markdown beside a result JSON this script wrote, without fitting")
     ap.add_argument("--max-evals", type=int, default=2000, help="simulator evaluations of the step fit at most")
@@ -623,10 +783,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         landscapes = [json.loads((ROOT / m).read_text()) for m in r["measurements"]]
         r["one_run_noise"] = one_run_noise(landscape_cells(landscapes, TESTBED_SPLIT))
         r["per_concurrency_warmup"] = warmed_per_concurrency(landscapes)
+        if r.get("structures"):  # each structure's checks again from its stored constants (a second of simulation)
+            acceptance = {float(a): v for a, v in r["acceptance"].items()}
+            cells = landscape_cells(landscapes, TESTBED_SPLIT)
+            r["structures"] = {name: structure_report(
+                Profile.from_dict(build_profile(st["fitted"], acceptance, "", r["default_agreement"])), cells,
+                WaveSetup(**r["setup"]), st["fitted"], st["fit_log_rms"], st["criterion"])
+                for name, st in r["structures"].items()}
+            chosen = r["structures"][r["chosen_structure"]]
+            r["fit_summary"], r["held_out_summary"] = chosen["fit_summary"], chosen["held_out_summary"]
         r["findings"] = findings(r, r["facts"])
         atomic_write_text(args.render, json.dumps(r, indent=1) + "\n")
         atomic_write_text(args.render.with_suffix(".md"), render_md(r))
         print(f"wrote {args.render} and {args.render.with_suffix('.md')}")
+        if args.write_profile:  # the stored result's constants, with notes from the current code
+            acceptance = {float(a): v for a, v in r["acceptance"].items()}
+            data = build_profile(r["fitted"], acceptance, profile_notes(r), r["default_agreement"])
+            atomic_write_text(args.profile, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+            print(f"updated {args.profile}")
         return 0
     t0 = time.time()
     try:
@@ -645,14 +819,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     # a starting profile: counted architecture, stated hardware, the search's start
     base = Profile.from_dict(build_profile(start, {default_agreement: {"accept_p0": 0.7, "accept_temperature_slope": 2.0}},
                                            "fit in progress", default_agreement))
+    def say(message: str) -> None:
+        print(message, flush=True)
+
     print("fitting acceptance per agreement level on FIT ...", flush=True)
-    acceptance, steps, errors = fit(base, fit_cells, setup, max_evals=args.max_evals, min_rel_step=args.min_rel_step,
-                                    progress=lambda m: print(m, flush=True))
-    print(f"  {steps} (log-RMS {errors['throughput_log_rms']:.3f})", flush=True)
+    acceptance, errors = fit_acceptance_levels(base, fit_cells, progress=say)
+    kw = {"max_evals": args.max_evals, "min_rel_step": args.min_rel_step, "progress": say}
+    say("structure 'additive' (host overhead + GPU time):")
+    additive, additive_rms = fit_steps(base, fit_cells, setup, acceptance, step_bounds=STRUCTURES["additive"], **kw)
+    say(f"  {additive} (FIT log-RMS {additive_rms:.4f})")
+    say(f"structure 'overlap' (host_overlap fitted, search from {OVERLAP_START}):")
+    overlap, overlap_rms = fit_overlap_structure(base, fit_cells, setup, acceptance, additive, additive_rms, **kw)
+    say(f"  {overlap} (FIT log-RMS {overlap_rms:.4f})")
+    fits = {"additive": (additive, additive_rms), "overlap": (overlap, overlap_rms)}
+    chosen, criteria = choose_structure({k: v[1] for k, v in fits.items()}, len(fit_cells))
+    say(f"chosen on FIT: {chosen!r} (criterion {criteria}; lower is better)")
+    print("checking every cell under both structures ...", flush=True)
+    structures = {name: structure_report(Profile.from_dict(build_profile(st, acceptance, "", default_agreement)),
+                                         cells, setup, st, rms, criteria[name])
+                  for name, (st, rms) in fits.items()}
+    steps, errors = fits[chosen][0], {**errors, "throughput_log_rms": fits[chosen][1]}
     data = build_profile(steps, acceptance, "", default_agreement)
     profile = Profile.from_dict(data)
-    print("checking every cell ...", flush=True)
-    r = result_of(args, given, landscapes, cells, setup, acceptance, steps, errors, profile, t0)
+    r = result_of(args, given, landscapes, cells, setup, acceptance, steps, errors, profile, t0, structures, chosen)
     r["default_agreement"] = default_agreement
     data["notes"] = profile_notes(r)
     args.out_prefix.parent.mkdir(parents=True, exist_ok=True)
@@ -661,7 +850,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.write_profile:
         atomic_write_text(args.profile, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
     h = r["held_out_summary"]
-    print(f"\nHELD-OUT (SIMULATED vs one measured run per cell): throughput within ±10 % in "
+    for name, st in structures.items():
+        fs, hs = st["fit_summary"], st["held_out_summary"]
+        print(f"{name}: FIT log-RMS {st['fit_log_rms']:.4f}, criterion {st['criterion']:.1f}, FIT ±10 % "
+              f"{fs['throughput_pass']}/{fs['cells']}; held-out ±10 % {hs['throughput_pass']}/{hs['cells']}, accept "
+              f"{hs['accept_pass']}/{hs['accept_cells']}" + ("  <- chosen on FIT" if name == chosen else ""))
+    print(f"\nHELD-OUT, {chosen} (SIMULATED vs one measured run per cell): throughput within ±10 % in "
           f"{h['throughput_pass']}/{h['cells']} cells (median |error| {h['median_abs_throughput_error']:.0%}), accept "
           f"length as counted within ±0.15 in {h['accept_pass']}/{h['accept_cells']}.")
     print(f"wrote {args.out_prefix}.json and .md" + (f"; updated {args.profile}" if args.write_profile else ""))

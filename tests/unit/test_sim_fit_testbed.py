@@ -237,3 +237,53 @@ def test_a_profile_with_two_agreement_levels_keeps_the_second_apart():
     profile = Profile.from_dict(copy.deepcopy(data))
     assert testbed.at_agreement(profile, 0.9).accept_p0 == 0.88
     assert testbed.at_agreement(profile, 0.7) is profile and testbed.at_agreement(profile, None) is profile
+
+
+def test_the_structure_is_chosen_on_fit_errors_alone_and_an_extra_constant_must_pay_for_itself():
+    assert testbed.choose_structure({"additive": 0.20, "overlap": 0.15}, 48)[0] == "overlap"
+    # the overlap structure nests the additive one: a fit no better by more than its extra constant buys keeps it
+    assert testbed.choose_structure({"additive": 0.182, "overlap": 0.180}, 48)[0] == "additive"
+    assert testbed.choose_structure({"additive": 0.182, "overlap": 0.182}, 48)[0] == "additive"
+    name, scores = testbed.choose_structure({"additive": 0.182, "overlap": 0.17}, 48)
+    assert scores["overlap"] < scores["additive"] and name == "overlap"
+    with pytest.raises(SimFitError, match="known"):
+        testbed.choose_structure({"max": 0.1}, 48)
+    with pytest.raises(SimFitError, match="log-RMS > 0"):
+        testbed.choose_structure({"additive": 0.0}, 48)
+
+
+def test_the_stored_result_chose_what_its_fit_errors_choose_and_the_profile_holds_that_structure():
+    structures = RESULT["structures"]
+    assert set(structures) == set(testbed.STRUCTURES)
+    chosen, scores = testbed.choose_structure({k: v["fit_log_rms"] for k, v in structures.items()},
+                                              RESULT["fit_cells"])
+    assert RESULT["chosen_structure"] == chosen
+    assert {k: v["criterion"] for k, v in structures.items()} == pytest.approx(scores, abs=1e-3)
+    assert RESULT["fitted"] == structures[chosen]["fitted"]
+    assert RESULT["held_out_summary"] == structures[chosen]["held_out_summary"]
+    assert PROFILE.host_overlap == structures[chosen]["fitted"].get("host_overlap", 0.0)
+    assert structures["additive"]["fitted"].get("host_overlap", 0.0) == 0.0
+    md = (ROOT / RESULT["results_md"]).read_text()
+    assert f"**{chosen}** (chosen)" in md and "FIT log-RMS" in md
+
+
+def test_a_fit_of_both_structures_to_an_overlapped_landscape_chooses_the_overlap_on_fit_cells():
+    truth = PROFILE.replace(accept_p0=0.8, accept_temperature_slope=3.0, decode_overhead_ms=3.0,
+                            eff_bandwidth=0.6, draft_overhead_ms=0.8, host_overlap=1.0)
+    setup = WaveSetup(input_len=512, memory_fraction=0.5, max_batch_size=256, session_len=1088, max_prefill_tokens=8192)
+    cells = landscape_cells([_synthetic_landscape(truth, setup)], testbed.TESTBED_SPLIT)
+    fit_cells = [c for c in cells if not c.held_out]
+    start = PROFILE.replace(decode_overhead_ms=4.0, eff_bandwidth=0.9, draft_overhead_ms=2.0, host_overlap=0.0)
+    acceptance, _ = testbed.fit_acceptance_levels(start, fit_cells, progress=lambda m: None)
+    names = ("decode_overhead_ms", "eff_bandwidth", "draft_overhead_ms")
+    kw = {"min_rel_step": 0.02, "progress": lambda m: None}
+    additive, additive_rms = testbed.fit_steps(start, fit_cells, setup, acceptance,
+                                               step_bounds={k: testbed.STEP_BOUNDS[k] for k in names}, **kw)
+    assert "host_overlap" not in additive
+    overlap, overlap_rms = testbed.fit_steps(start.replace(host_overlap=testbed.OVERLAP_START), fit_cells, setup,
+                                             acceptance, step_bounds={**{k: testbed.STEP_BOUNDS[k] for k in names},
+                                                                      **testbed.OVERLAP_BOUNDS}, **kw)
+    # with the host part near the GPU part the search trades overlap against bandwidth (0.66 and 0.975 here, for
+    # 1.0 and 0.6 made): what the FIT cells must show is that the overlap fits them and the sum does not
+    assert overlap["host_overlap"] > 0.5 and overlap_rms < 0.05 < additive_rms
+    assert testbed.choose_structure({"additive": additive_rms, "overlap": overlap_rms}, len(fit_cells))[0] == "overlap"

@@ -3,6 +3,7 @@ step the larger of its host and GPU parts, the MTP step overlaps as one unit, pr
 outside 0..1 is refused with a clear error."""
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -59,7 +60,7 @@ def test_full_overlap_is_the_larger_part_and_the_step_shrinks_with_the_overlap(n
     assert steps[-1] == pytest.approx(max(gpu, host), rel=1e-12)
     assert steps[0] == pytest.approx(gpu + host, rel=1e-12)
     assert steps[2] == pytest.approx(gpu + host - 0.5 * min(gpu, host), rel=1e-12)
-    assert all(a > b for a, b in zip(steps, steps[1:]))  # every part is positive, so each share hides more
+    assert all(a > b for a, b in itertools.pairwise(steps))  # every part is positive, so each share hides more
 
 
 def test_the_mtp_step_overlaps_as_one_unit_its_draft_passes_in_both_sums():
@@ -86,8 +87,8 @@ def test_prefill_stays_a_sum():
 
 def test_the_simulated_benchmark_runs_faster_when_host_work_hides():
     base = load_profile("qwen35-moe-testbed-1xh200")
-    kw = dict(input_len=512, output_len=128, range_ratio=1.0, num_prompts=8, concurrency=4, tp=1,
-              memory_fraction=0.5, max_batch_size=256, session_len=1088)
+    kw = {"input_len": 512, "output_len": 128, "range_ratio": 1.0, "num_prompts": 8, "concurrency": 4, "tp": 1,
+          "memory_fraction": 0.5, "max_batch_size": 256, "session_len": 1088}
     summed = simulate_workload(base.replace(host_overlap=0.0), 2, **kw)
     hidden = simulate_workload(base.replace(host_overlap=1.0), 2, **kw)
     assert summed.completed == hidden.completed == 8
