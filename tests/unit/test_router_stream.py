@@ -259,6 +259,7 @@ def test_replica_yields_what_arrived_together_as_one_item_and_never_waits_for_mo
         replica.engine, replica.key = _FakeEngine(f"http://127.0.0.1:{port}"), "fake"
         replica._session = aiohttp.ClientSession()
         replica._poller = asyncio.get_running_loop().create_future()  # no metrics poller
+        replica._sequences_answered = 0  # what __init__ sets: the accept-length estimate's denominator
         try:
             gen = replica.generate("/v1/completions", b"{}")
             head = await asyncio.wait_for(gen.__anext__(), 5)
@@ -269,6 +270,7 @@ def test_replica_yields_what_arrived_together_as_one_item_and_never_waits_for_mo
             release_rest.set()
             tail = [item async for item in gen]
             assert b"".join(tail) == rest
+            assert replica._sequences_answered == 1  # one answered sequence that could draft
         finally:
             await replica._session.close()
             await runner.cleanup()
