@@ -133,9 +133,9 @@ HELD_STEP_WHY = (
     "time exactly as prefill_overhead_per_token_us does, so it is held at the test checkpoint profile's 0.4.")
 """Why :data:`HELD_STEP` is held (quoted by the write-up)."""
 
-HARDWARE = {"num_gpus": 1, "gpu_memory_gb": 140.0, "reserved_memory_gb": 6.0, "hbm_tbps": 4.8, "tflops": 989.0,
-            "safe_max_memory_fraction": 0.92, "default_max_batch_size": 256}
-"""One H200, as ``qwen35-test-83m-1xh200`` describes it (dense bf16 TFLOP/s without sparsity)."""
+HARDWARE_FROM = PROFILES_DIR / "qwen35-test-83m-1xh200.json"
+"""The profile whose ``hardware`` section (one H200: dense bf16 TFLOP/s without sparsity) the testbed's copies:
+the same GPU, described once."""
 LIMITS = {"default_session_len": 4096, "block_size": 64}
 MTP_MEMORY = {"mtp_memory_overhead_gb": 1.0, "safe_max_memory_fraction_mtp": 0.9}
 START = {"eff_bandwidth": 0.7, "eff_decode_flops": 0.3, "decode_overhead_ms": 3.0, "decode_overhead_per_seq_ms": 0.01,
@@ -175,7 +175,7 @@ def build_profile(fitted: Mapping[str, float], acceptance: Mapping[float, Mappin
         "name": PROFILE_NAME, "calibrated": False, "notes": notes,
         "derived_from": f"architecture and mtp sections: tuning.checkpoint.footprint.footprint(PRESETS[{PRESET!r}])"
                         " (benchmarks/sim_fit_testbed.py writes them; tests/unit/test_sim_fit_testbed.py checks them)",
-        **architecture(), "hardware": dict(HARDWARE), "fitted": steps,
+        **architecture(), "hardware": json.loads(HARDWARE_FROM.read_text())["hardware"], "fitted": steps,
         "acceptance": {"agreement": default_agreement, **acceptance[default_agreement], **HELD_ACCEPTANCE,
                        "eos_prob_per_token": START["eos_prob_per_token"]},
     }
