@@ -77,6 +77,11 @@ def cell_key(engine: str, o: int, t: float, c: int) -> str:
     return f"{engine}|out{o}|T{t:g}|c{c}"
 
 
+def planned_keys(a: argparse.Namespace) -> set[str]:
+    """The keys of every cell this run's flags plan (the file may hold other runs' cells too)."""
+    return {cell_key(e["name"], *c) for e in engines_planned(a) for c in cells_of(a)}
+
+
 def cells_to_redo(cells: dict[str, Any], prefixes: list[str]) -> list[str]:
     """Keys of the cells ``--redo`` measures again: those starting with a prefix that were measured under an
     older warm-up (so a run cut short and started again with the same flags does not redo its own cells)."""
@@ -156,7 +161,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         tmp.replace(state_path)
 
     cells = cells_of(a)
-    planned = {cell_key(e["name"], *c) for e in engines_planned(a) for c in cells}
+    planned = planned_keys(a)
     for key in cells_to_redo(state["cells"], a.redo):
         if key in planned:  # a cell this run will measure again, not one another run's flags plan
             state.setdefault("superseded", {}).setdefault(key, []).append(state["cells"].pop(key))
@@ -318,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     global T0
     T0 = time.monotonic()  # the deadline counts from the run, not from the import (tests import it early)
     state = run(a)
-    planned = {cell_key(e["name"], *c) for e in engines_planned(a) for c in cells_of(a)}
+    planned = planned_keys(a)
     done, total = len(planned & set(state["cells"])), len(planned)  # the file may hold other runs' cells too
     log(f"{done} of {total} cells in {Path(a.out) / 'landscape.json'}"
         + ("" if done == total else "; run again with the same --out for the rest"))
