@@ -20,6 +20,7 @@ __all__ = [
     "ACCEPTED_TOKENS",
     "DRAFTS",
     "DRAFT_TOKENS",
+    "accept_length_of",
     "chain_accept_distribution",
     "chain_counted_accept_length",
     "chain_per_draft",
@@ -59,6 +60,13 @@ def chain_per_draft(tokens_per_step: float, num_draft_tokens: int) -> float:
         raise ValueError(f"tokens_per_step={tokens_per_step}; allowed: 1..{num_draft_tokens + 1}")
     return _bisect(lambda p: sum((1 + k) * q for k, q in enumerate(chain_accept_distribution(p, num_draft_tokens))),
                    0.0, 1.0, tokens_per_step)
+
+
+def accept_length_of(accepted: float, draft_tokens: float, num_draft_tokens: int) -> float | None:
+    """The accept length the counters give: ``1 + accepted / (draft_tokens / N)`` (each counted draft step
+    drafted ``N`` tokens); ``None`` when no draft token was counted."""
+    steps = draft_tokens / num_draft_tokens
+    return 1.0 + accepted / steps if steps > 0 else None
 
 
 def counted_accept_length(tokens_per_step: float, last_step: Sequence[float], outputs: float) -> float:

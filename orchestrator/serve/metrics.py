@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from orchestrator.serve.policy import requested_max_tokens
-from orchestrator.spec_counting import ACCEPTED_TOKENS, DRAFT_TOKENS, DRAFTS, estimate_tokens_per_step
+from orchestrator.spec_counting import ACCEPTED_TOKENS, DRAFT_TOKENS, DRAFTS, accept_length_of, estimate_tokens_per_step
 
 __all__ = [
     "ACCEPTED_TOKENS",
@@ -187,8 +187,8 @@ class AcceptLengthTracker:
         return None if self.tokens_per_step_estimate is None else self.tokens_per_step_estimate < threshold
 
     def _counted(self, before: _Scrape, after: _Scrape) -> float | None:
-        drafts = (after.draft_tokens - before.draft_tokens) / self.num_draft_tokens
-        return 1.0 + (after.accepted - before.accepted) / drafts if drafts > 0 else None
+        return accept_length_of(after.accepted - before.accepted, after.draft_tokens - before.draft_tokens,
+                                self.num_draft_tokens)
 
 
 def _ahead(now: _Scrape, last: _Scrape) -> bool:

@@ -14,6 +14,7 @@ from orchestrator.spec_counting import (
     ACCEPTED_TOKENS,
     DRAFT_TOKENS,
     DRAFTS,
+    accept_length_of,
     chain_accept_distribution,
     chain_counted_accept_length,
     chain_per_draft,
@@ -75,12 +76,9 @@ def accept_length_from_counters(delta: Mapping[str, float], num_draft_tokens: in
     if draft_tokens <= 0:
         return None
     if num_draft_tokens:
-        steps = draft_tokens / num_draft_tokens
-    else:
-        steps = float(delta.get("num_drafts", 0.0))
-        if steps <= 0:
-            return None
-    return 1.0 + accepted / steps
+        return accept_length_of(accepted, draft_tokens, num_draft_tokens)
+    steps = float(delta.get("num_drafts", 0.0))
+    return 1.0 + accepted / steps if steps > 0 else None
 
 
 def outputs_per_request(delta: Mapping[str, float], completed: int) -> float | None:
