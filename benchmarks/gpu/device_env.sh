@@ -10,3 +10,11 @@ wait_done() {
   local end=$((SECONDS + ${WAIT_S:-540}))
   while [ ! -f "$1" ] && [ $SECONDS -lt $end ]; do sleep 3; done
 }
+
+# Part 2 (TileLang), after part 3 (z3, which TileLang imports) arrived in the call before: installs the carried
+# part and says which call is missing instead of failing later inside LMDeploy.
+install_part2() {
+  bash .stage/t2/install_part.sh
+  python3 -c "import z3" 2>/dev/null \
+    || { echo "z3 missing: carry .stage/t3 in the call before (bash .stage/t3/install_part.sh), then .stage/t2"; return 1; }
+}

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Here (needs PyPI and gcc), from the repository root: LMDeploy 0.18 WITH TurboMind for the offline
-# CUDA 13 H200, in TWO carry parts of < 60 MiB each (.stage/t1, .stage/t2), instead of stage_wheels.sh's
+# CUDA 13 H200, in THREE carry parts (.stage/t1, .stage/t2, .stage/t3), instead of stage_wheels.sh's
 # q1/q2 (which strip TurboMind's 347 MB binary) plus a third part for the binary:
 #   - LMDeploy's, TileLang's and z3's wheels are recompressed with LZMA (lzma_wheel.py; pip installs
 #     them as they are; LMDeploy's build-only libxgrammar.a is left out): LMDeploy with its binary
@@ -9,7 +9,7 @@
 #     pass-through + empty cuBLASLt 12 (turbomind/build_shim.sh): what the binary misses on CUDA 13
 #     (docs/turbomind.md).
 # t1 holds LMDeploy, the libraries and what training needs (fla), so call 1 can check that TurboMind
-# loads and start training while t2 (TileLang and z3, 56 MiB) travels.
+# loads and start training while t3 (z3, 21 MiB) and t2 (TileLang, 37 MiB) travel, in that order.
 # A third part, .stage/r1 (~57 MiB), carries Ray (Serve, Tune) and Optuna for sweeping and serving on
 # the device: Ray's wheel LZMA-recompressed without its Java jar (ray_dist.jar, 31 MiB compressed, used
 # only by Ray's Java API) and the dashboard's source map, Ray's runtime needs and Optuna's database stack
@@ -33,11 +33,14 @@ for w in $S/dl/lmdeploy-0.18.0-*.whl $S/dl/tilelang-*.whl $S/dl/z3_solver-*.whl 
     --drop ray/dashboard/client/build/static/js/main.84605326.js.map
 done
 
-rm -rf $S/t1 $S/t2 $S/r1 && mkdir -p $S/t1/turbomind-lib $S/t2 $S/r1
+# A device call carries the repository's files too (~8 MiB and growing) under one 64 MiB limit: TileLang (t2) and
+# z3 (t3), 37 and 21 MiB, no longer fit one call together.
+rm -rf $S/t1 $S/t2 $S/t3 $S/r1 && mkdir -p $S/t1/turbomind-lib $S/t2 $S/t3 $S/r1
 unzip -q -j -o $S/dltm/nvidia_cuda_runtime_cu12-12.9.79-*.whl 'nvidia/cuda_runtime/lib/libcudart.so.12' -d $S/t1/turbomind-lib
 bash "$HERE/turbomind/build_shim.sh" $S/t1/turbomind-lib
 cp $S/lz/lmdeploy-0.18.0-*.whl $S/t1/
-cp $S/lz/tilelang-*.whl $S/lz/z3_solver-*.whl $S/t2/
+cp $S/lz/tilelang-*.whl $S/t2/
+cp $S/lz/z3_solver-*.whl $S/t3/
 for f in $S/q1/*.whl $S/q2/*.whl; do
   case $(basename "$f") in
     lmdeploy-*|tilelang-*|z3_solver-*) ;;
@@ -51,5 +54,5 @@ for f in $S/dl4/*.whl; do
     *) cp "$f" $S/r1/ ;;
   esac
 done
-for d in t1 t2 r1; do cp $S/q1/install_part.sh $S/$d/; done
-du -sh $S/t1 $S/t2 $S/r1
+for d in t1 t2 t3 r1; do cp $S/q1/install_part.sh $S/$d/; done
+du -sh $S/t1 $S/t2 $S/t3 $S/r1

@@ -3,6 +3,7 @@
 # detached, so polling calls stay short; it fills over several leases (what a lease measured comes back
 # in landscape.json, and SEED= carries it into the next one).
 #   carry [".stage/t1"]: NO_TRAIN=1 OUT=$OUT bash benchmarks/gpu/turbomind_device.sh t1     # LMDeploy + FA3
+#   carry [".stage/t3"]: bash .stage/t3/install_part.sh                                      # z3, before part 2
 #   carry [".stage/t2"]: [SEED=benchmarks/results/<dir>/landscape.json] OUT=$OUT bash benchmarks/gpu/testbed_device.sh start [DEADLINE_S]
 #   then, until it says done:  OUT=$OUT bash benchmarks/gpu/testbed_device.sh collect
 # DEADLINE_S (default 1200): no engine starts after it; an engine of the MoE takes ~75-190 s to start.
@@ -16,7 +17,7 @@ W=/root/landscape
 mkdir -p $W/out "$OUT"
 case $STEP in
   start)
-    bash .stage/t2/install_part.sh
+    install_part2 || exit 1
     python3 -c "import lmdeploy, flash_attn_interface; print('lmdeploy', lmdeploy.__version__)" || exit 1
     [ -n "${SEED:-}" ] && cp "$SEED" $W/out/landscape.json && echo "seeded from $SEED"
     python3 benchmarks/gpu/measure_mtp.py --versions > $W/out/versions.json 2>&1

@@ -1,6 +1,8 @@
 #!/bin/bash
 # On the lent H200 (CUDA 13), from the repository root, one step per device call, back to back (the
 # machine stays warm 30 s between calls). Parts: `bash benchmarks/gpu/stage_turbomind.sh` here first.
+# Every step that carries .stage/t2 needs .stage/t3 (z3) installed in the call before:
+#   carry [".stage/t3"]: bash .stage/t3/install_part.sh
 #   carry [".stage/t1"]: OUT=$OUT bash benchmarks/gpu/turbomind_device.sh t1
 #       installs part 1 (LMDeploy 0.18 WITH TurboMind's binary, the CUDA 12 runtime, the cuBLAS shim,
 #       fla), puts the libraries where the binary looks first, checks that it loads (the project's
@@ -111,7 +113,7 @@ case $STEP in
     sleep 15; tail -n 3 /root/tm/train.log
     ;;
   t2)
-    bash .stage/t2/install_part.sh
+    install_part2 || exit 1
     python3 -c "import lmdeploy, flash_attn_interface, fla; print('lmdeploy', lmdeploy.__version__)" || exit 1
     python3 benchmarks/gpu/measure_mtp.py --versions > "$OUT/versions.json" 2>&1
     set -o pipefail
@@ -127,14 +129,14 @@ case $STEP in
     cp /root/ckpt/train_report.json /root/ckpt/mtp_expected.json "$OUT/" 2>/dev/null
     ;;
   t2-plain)
-    bash .stage/t2/install_part.sh
+    install_part2 || exit 1
     python3 -m tuning.checkpoint.build /root/oracle --oracle --tokenizer-bytes 2097152 | tail -1
     python3 benchmarks/gpu/measure_turbomind.py --ckpt /root/oracle --out "$OUT/measure" --engines turbomind,pytorch-mtp-off \
       --concurrency 8,64,256 --deadline-s "${2:-420}" 2>&1 | tee "$OUT/measure.log" | grep -vE "^\s*$"
     tar czf "$OUT/engine-logs.tgz" -C "$OUT/measure" engine-logs && rm -rf "$OUT/measure/engine-logs"
     ;;
   suspects)
-    bash .stage/t2/install_part.sh
+    install_part2 || exit 1
     python3 -m tuning.checkpoint.build /root/oracle --oracle --tokenizer-bytes 2097152 | tail -1
     python3 benchmarks/gpu/measure_mtp.py --versions > "$OUT/versions.json" 2>&1
     python3 benchmarks/gpu/measure_suspects.py --ckpt /root/oracle --out "$OUT/suspects" --deadline-s "${2:-330}" \
@@ -148,7 +150,7 @@ case $STEP in
     tar czf "$OUT/engine-logs.tgz" -C "$OUT/measure" engine-logs && rm -rf "$OUT/measure/engine-logs"
     ;;
   grid)
-    bash .stage/t2/install_part.sh
+    install_part2 || exit 1
     python3 -c "import lmdeploy, flash_attn_interface, fla; print('lmdeploy', lmdeploy.__version__)" || exit 1
     wait_for_weights
     grep -E "saved|expected accept|exit|Error" /root/tm/train.log | tail -4
