@@ -60,11 +60,12 @@ if str(ROOT) not in sys.path:
 
 from tuning.cap import best_routing, pooled_rate  # noqa: E402
 from tuning.replicas import mix_rate, work_per_config  # noqa: E402
+from tuning.simfit import WARM_REPEAT_PREFIXES, RepeatPair, repeat_noise, repeat_pairs  # noqa: E402
 from tuning.stats import PooledNoise, t_quantile  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 DEFAULT_LANDSCAPE = RESULTS / "gpu_landscape_h200_2026-12-02_a0.9" / "landscape.json"
-DEFAULT_NOISE_PAIRS = ("mtp-off|out512|T0|",)
+DEFAULT_NOISE_PAIRS = WARM_REPEAT_PREFIXES
 DEFAULT_GREEDY_SHARES = (0.25, 0.5, 0.75)
 BANDS = {0.0: "greedy", 0.8: "sampled"}
 """Temperature -> sampling band; a landscape with other temperatures is refused, not guessed at."""
@@ -164,36 +165,9 @@ def load_mixes(path: Path, parts: Sequence[Part]) -> dict[str, dict[Part, float]
 
 # ----------------------------------------------------------------------------------------------- noise
 
-@dataclass(frozen=True)
-class RepeatPair:
-    key: str
-    earlier: float
-    later: float
-    run_s: tuple[float | None, float | None] = (None, None)
-
-    @property
-    def log_ratio(self) -> float:
-        return math.log(self.later / self.earlier)
-
-
-def repeat_pairs(landscape: Mapping[str, Any], prefixes: Sequence[str]) -> tuple[list[RepeatPair], list[RepeatPair]]:
-    """(used, not used): each superseded cell's latest earlier run beside its current figure; used when
-    its key starts with one of ``prefixes``."""
-    used, other = [], []
-    for key, older in sorted(landscape.get("superseded", {}).items()):
-        now = landscape["cells"].get(key)
-        if not older or not now:
-            continue
-        pair = RepeatPair(key, float(older[-1]["output_throughput"]), float(now["output_throughput"]),
-                          (older[-1].get("duration_s"), now.get("duration_s")))
-        (used if any(key.startswith(p) for p in prefixes) else other).append(pair)
-    return used, other
-
-
 def noise_of(pairs: Sequence[RepeatPair]) -> PooledNoise:
-    """One run's log sd from repeat pairs (each pair's two runs about their own mean, one df a pair: a
-    shift between the two leases counts as noise, as it would between any two cells)."""
-    noise = PooledNoise.of([(p.earlier, p.later) for p in pairs])
+    """One run's log sd from repeat pairs (:func:`tuning.simfit.repeat_noise`); refuses to go on without one."""
+    noise = repeat_noise(pairs)
     if noise is None:
         raise ValueError("no repeat pair to estimate one run's noise from (see --noise-pairs)")
     return noise

@@ -83,9 +83,10 @@ OVERLAP_CHOICE = (
     "part shows in no figure. The free fit (0..1) is run beside it to show that.")
 """Why ``host_overlap`` is fixed rather than fitted in the main overlap candidate (quoted by the write-up)."""
 
-TESTBED_STEP_COST_SOURCE = {"output_len": 512, "temperature": 0.0}
+TESTBED_STEP_COST_SOURCE = {"output_len": 512, "temperature": 0.0, "agreement": 0.7}
 """The testbed cells the landscape README's point 4 reads an MTP-N step's cost from (output 512, greedy,
-every concurrency): its ranges are recomputed here from ``landscape.json``, not typed."""
+every concurrency, agreement 0.7: the level whose MTP rarely pays, as the published table's MTP-3 accepts less
+than agreement 0.9's): its ranges are recomputed here from ``landscape.json``, not typed."""
 
 
 # ----- (a) what an MTP step costs -------------------------------------------------------------------------------
@@ -119,11 +120,18 @@ def step_cost_table(profile: Profile, params: EngineParams, context_per_seq: flo
             for n in DRAFT_COUNTS}
 
 
-def testbed_step_costs(landscape: Mapping[str, Any], output_len: int, temperature: float) -> dict[str, dict[str, float]]:
+def testbed_step_costs(landscape: Mapping[str, Any], output_len: int, temperature: float,
+                       agreement: float | None = None) -> dict[str, dict[str, float]]:
     """``{N: {c: cost}}``: an MTP-N step's cost in plain steps as the testbed measured it, the builder's predicted
-    tokens per step over the throughput ratio to MTP off (same output, temperature, concurrency; one run each)."""
+    tokens per step over the throughput ratio to MTP off (same output, temperature, concurrency; one run each).
+    ``agreement`` picks one level's MTP cells (MTP off's serve every level); without it a landscape of several
+    levels is refused, since their costs would overwrite each other."""
     cells = [c for c in landscape["cells"].values() if not c.get("failed")
-             and int(c["output_len"]) == output_len and float(c["temperature"]) == temperature]
+             and int(c["output_len"]) == output_len and float(c["temperature"]) == temperature
+             and (not c["draft_tokens"] or agreement is None or c.get("agreement") == agreement)]
+    levels = {c.get("agreement") for c in cells if c["draft_tokens"]}
+    if len(levels) > 1:
+        raise ValueError(f"the landscape holds agreement levels {sorted(levels)}: name one")
     off = {int(c["concurrency"]): float(c["output_throughput"]) for c in cells if not c["draft_tokens"]}
     out: dict[str, dict[str, float]] = {}
     for c in sorted(cells, key=lambda c: (c["draft_tokens"], c["concurrency"])):
@@ -341,7 +349,7 @@ def step_cost_section(profile: Profile, testbed_profile: Profile, landscape: Map
     contexts = {str(o): mean_decode_context(WORKLOAD["input_len"], o, WORKLOAD["range_ratio"]) for o in buckets(published)}
     setup = testbed.setup_of([landscape])
     src = TESTBED_STEP_COST_SOURCE
-    measured = testbed_step_costs(landscape, src["output_len"], src["temperature"])
+    measured = testbed_step_costs(landscape, src["output_len"], src["temperature"], src["agreement"])
     tb_context = setup.input_len + src["output_len"] / 2
     return {
         "published_model": {b: {"context_per_seq": ctx, "ratios": step_cost_table(profile, params, ctx)}

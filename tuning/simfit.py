@@ -30,7 +30,7 @@ from orchestrator.sim.model import (
 )
 from orchestrator.sim.scheduler import simulate_workload
 from tuning.bench.counters import counted_accept_length, outputs_per_request
-from tuning.stats import mean_confidence_interval
+from tuning.stats import PooledNoise, mean_confidence_interval
 
 __all__ = [
     "ACCEPT_TOLERANCE",
@@ -42,6 +42,8 @@ __all__ = [
     "MeasuredCell",
     "SimFitError",
     "Split",
+    "WARM_REPEAT_PREFIXES",
+    "RepeatPair",
     "WaveSetup",
     "as_counted",
     "check_cells",
@@ -51,6 +53,8 @@ __all__ = [
     "is_held_out",
     "landscape_cells",
     "mean_per_round",
+    "repeat_noise",
+    "repeat_pairs",
     "measured_cells",
     "simulate_cell",
 ]
@@ -307,6 +311,51 @@ def landscape_cells(landscapes: Sequence[Mapping[str, Any]], split: Split) -> li
     if not out:
         raise SimFitError("no landscape cell without failed requests to fit")
     return out
+
+
+WARM_REPEAT_PREFIXES = ("mtp-off|out512|T0|",)
+"""Landscape cells measured again (``measure_landscape.py --redo``) whose earlier run was warm as well: MTP off's
+output-512 greedy cells came after that engine had served every concurrency twice. The other cells measured
+again (MTP off's output-128 greedy ones) were a fresh engine's first pass over each concurrency, a start-up
+cost paid once (they read up to half the re-measured figure), not run-to-run noise."""
+
+
+@dataclass(frozen=True)
+class RepeatPair:
+    """One landscape cell measured twice, in two leases: its earlier (superseded) and its current throughput."""
+
+    key: str
+    earlier: float
+    later: float
+    run_s: tuple[float | None, float | None] = (None, None)
+
+    @property
+    def log_ratio(self) -> float:
+        return math.log(self.later / self.earlier)
+
+
+def repeat_pairs(landscape: Mapping[str, Any],
+                 prefixes: Sequence[str] = WARM_REPEAT_PREFIXES) -> tuple[list[RepeatPair], list[RepeatPair]]:
+    """(used, not used): each superseded cell's latest earlier run beside its current figure; used when its key
+    starts with one of ``prefixes``."""
+    used, other = [], []
+    for key, older in sorted((landscape.get("superseded") or {}).items()):
+        now = landscape["cells"].get(key)
+        if not older or not now:
+            continue
+        pair = RepeatPair(key, float(older[-1]["output_throughput"]), float(now["output_throughput"]),
+                          (older[-1].get("duration_s"), now.get("duration_s")))
+        (used if any(key.startswith(p) for p in prefixes) else other).append(pair)
+    return used, other
+
+
+def repeat_noise(pairs: Sequence[RepeatPair]) -> PooledNoise | None:
+    """One run's log sd from repeat pairs, each pair's two runs about their own mean (one degree of freedom a
+    pair: a shift between two leases counts as noise, as it would between any two cells); ``None`` without a
+    pair. Why repeats and not two cells the model treats alike: greedy and sampled MTP off differ by the
+    engine's sampling work, which a landscape shows (greedy reads faster at low load), so such pairs mix a real
+    cost into the noise."""
+    return PooledNoise.of([(p.earlier, p.later) for p in pairs])
 
 
 def simulate_cell(profile: Profile, cell: MeasuredCell, setup: WaveSetup, *, seed: int = 0) -> tuple[float, float | None]:

@@ -20,7 +20,7 @@ from orchestrator.sim.model import EngineParams, Profile, load_profile  # noqa: 
 
 RESULT = json.loads((ROOT / "benchmarks/results/sim_fit_published_2026-12-02.json").read_text())
 PROFILE = load_profile(str(spf.PROFILE_PATH))
-LANDSCAPE = json.loads(testbed.MEASUREMENT.read_text())
+LANDSCAPE = json.loads((ROOT / RESULT["step_costs"]["testbed_source"]["landscape"]).read_text())  # what it was run on
 
 
 def _tiny(**changes: float) -> Profile:
@@ -74,6 +74,11 @@ def test_testbed_step_costs_are_predicted_accept_over_the_ratio_to_mtp_off():
     ])}}
     costs = spf.testbed_step_costs(landscape, 512, 0.0)
     assert costs == {"2": {"1": 2.0, "16": 5.0}}
+    two_levels = {"cells": {**{k: {**c, "agreement": 0.7} for k, c in landscape["cells"].items()},
+                            "x": {**_cell(2, 1, 300.0, predicted=3.0), "agreement": 0.9}}}
+    with pytest.raises(ValueError, match="agreement levels"):
+        spf.testbed_step_costs(two_levels, 512, 0.0)
+    assert spf.testbed_step_costs(two_levels, 512, 0.0, 0.9) == {"2": {"1": 1.0}}  # MTP off's cells serve each level
     assert spf.cost_range(costs) == {"2": [2.0, 5.0]}
 
 
@@ -135,7 +140,8 @@ def test_committed_step_costs_are_the_stored_profiles_and_the_landscapes():
         assert entry["context_per_seq"] == ctx
         assert entry["ratios"] == spf.step_cost_table(PROFILE, EngineParams(tp=PROFILE.num_gpus), ctx)
     src = spf.TESTBED_STEP_COST_SOURCE
-    assert costs["testbed_measured"] == spf.testbed_step_costs(LANDSCAPE, src["output_len"], src["temperature"])
+    assert costs["testbed_measured"] == spf.testbed_step_costs(LANDSCAPE, src["output_len"], src["temperature"],
+                                                               src.get("agreement"))
     assert costs["testbed_measured_range"] == spf.cost_range(costs["testbed_measured"])
 
 
