@@ -364,10 +364,11 @@ def measurement_facts(cells: Sequence[MeasuredCell]) -> dict[str, Any]:
     for (engine, o, t, c), off in by.items():
         if engine != "mtp-off":
             continue
-        ratios = [x.throughput / off.throughput for (e, oo, tt, cc), x in by.items()
-                  if e != "mtp-off" and (oo, tt, cc) == (o, t, c)]
-        if len(ratios) > 1:
-            spans[f"o{o} T{t:g} c{c}"] = [round(min(ratios), 2), round(max(ratios), 2)]
+        for level in sorted({x.agreement for x in cells if x.agreement is not None}):  # one checkpoint each
+            ratios = [x.throughput / off.throughput for (e, oo, tt, cc), x in by.items()
+                      if e != "mtp-off" and x.agreement == level and (oo, tt, cc) == (o, t, c)]
+            if len(ratios) > 1:
+                spans[f"a{level:g} o{o} T{t:g} c{c}"] = [round(min(ratios), 2), round(max(ratios), 2)]
     widest = max(spans.items(), key=lambda kv: kv[1][1] - kv[1][0], default=None)
     return {"cells": len(cells), "mtp_cells": sum(1 for c in cells if c.num_draft_tokens),
             "widest_mtp_over_off_span": None if widest is None else {"cell": widest[0], "range": widest[1]},
@@ -623,20 +624,22 @@ def findings(r: Mapping[str, Any], facts: Mapping[str, Any]) -> list[str]:
     """The notes the data supports, computed from this run's result."""
     held_groups = r["held_out_by_group"]["concurrency"]
     notes = [
-        f"One agreement level so far ({', '.join(f'{a:g}' for a in facts['agreement_levels'])}); 0.9 and 0.5 come in "
-        "later leases, into the same format: rerun with every landscape.json as `--measurement` (cells pool by key; "
-        "acceptance is fitted per level, the step constants over all).",
+        f"Agreement levels measured: {', '.join(f'{a:g}' for a in facts['agreement_levels'])} (acceptance is fitted "
+        "per level, the step constants over all). Each lease's landscape.json is seeded with the one before, so the "
+        "newest file holds every cell: pass it alone as `--measurement` (a cell in two files counts as two runs; the "
+        "same run in two files is refused).",
         "One run per cell: a throughput verdict is one run against the model, with no interval of its own. Issue "
         "#22 measured 12-17 % CV for one wave and 1.5-2x between engine starts on this GPU; in this landscape MTP "
         f"beats MTP off in {facts['mtp_faster_than_off']} of {facts['mtp_cells']} cells, and the draft counts of one "
-        + (f"(output, temperature, concurrency) span up to {w['range'][0]:g}x-{w['range'][1]:g}x of MTP off ({w['cell']})"
+        + (f"(agreement, output, temperature, concurrency) span up to {w['range'][0]:g}x-{w['range'][1]:g}x of MTP off ({w['cell']})"
            if (w := facts.get("widest_mtp_over_off_span")) else "cell differ little")
         + ": differences a model smooth in draft count cannot follow.",
         "MTP off, four times its concurrency-1 throughput over its concurrency-4 throughput (above 1: four "
         "streams ran slower than four lone ones would): "
         + ", ".join(f"{k} {v:g}" for k, v in facts["mtp_off_4x_c1_over_c4"].items())
         + "; the engine measured its cells in the order "
-        "c1, c4, c16, ... after one unmeasured full-length run at concurrency 64 (`measure_landscape.run`); MTP-off "
+        "c1, c4, c16, ... after one unmeasured full-length run at concurrency 64, and, where its `warmup` field says "
+        "so, one short run at every concurrency (`measure_landscape.run`); MTP-off "
         "median TTFT in ms by concurrency: " + "; ".join(f"{k}: " + ", ".join(f"c{c} {v:.0f}" for c, v in row.items())
                                                         for k, row in r["mtp_off_ttft_ms"].items())
         + ". Cells measured after `measure_landscape.py`'s later warm-up at every concurrency (its `warmup` field): "
@@ -813,6 +816,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         landscapes = [json.loads((ROOT / m).read_text()) for m in r["measurements"]]
         r["one_run_noise"] = one_run_noise(landscapes, landscape_cells(landscapes, TESTBED_SPLIT))
         r["per_concurrency_warmup"] = warmed_per_concurrency(landscapes)
+        r["facts"] = measurement_facts(landscape_cells(landscapes, TESTBED_SPLIT))
         if r.get("structures"):  # each structure's checks again from its stored constants (a second of simulation)
             acceptance = {float(a): v for a, v in r["acceptance"].items()}
             cells = landscape_cells(landscapes, TESTBED_SPLIT)

@@ -286,6 +286,9 @@ def landscape_cells(landscapes: Sequence[Mapping[str, Any]], split: Split) -> li
             missing = [f for f in LANDSCAPE_CELL_FIELDS if f not in cell]
             if missing:
                 raise SimFitError(f"landscape {i}, cell {key!r} lacks {missing}")
+            if any(r == cell for r in runs[key]):  # a lease's file is seeded with the one before it
+                raise SimFitError(f"landscape {i}, cell {key!r}: the same run is in an earlier file too; pass only "
+                                  "the newest landscape.json of a series (it holds the earlier leases' cells)")
             runs[key].append(cell)
     out = []
     for key in sorted(runs):

@@ -14,7 +14,9 @@ wait_done() {
 # Part 2 (TileLang), after part 3 (z3, which TileLang imports) arrived in the call before: installs the carried
 # part and says which call is missing instead of failing later inside LMDeploy.
 install_part2() {
-  bash .stage/t2/install_part.sh
+  [ -f .stage/t2/install_part.sh ] || { echo "part 2 missing: carry .stage/t2 in this call"; return 1; }
+  bash .stage/t2/install_part.sh || return 1
   python3 -c "import z3" 2>/dev/null \
     || { echo "z3 missing: carry .stage/t3 in the call before (bash .stage/t3/install_part.sh), then .stage/t2"; return 1; }
+  [ -d /root/site/tilelang ] || { echo "TileLang did not install from .stage/t2"; return 1; }
 }

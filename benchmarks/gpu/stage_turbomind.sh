@@ -10,7 +10,7 @@
 #     (docs/turbomind.md).
 # t1 holds LMDeploy, the libraries and what training needs (fla), so call 1 can check that TurboMind
 # loads and start training while t3 (z3, 21 MiB) and t2 (TileLang, 37 MiB) travel, in that order.
-# A third part, .stage/r1 (~57 MiB), carries Ray (Serve, Tune) and Optuna for sweeping and serving on
+# A fourth part, .stage/r1 (~57 MiB), carries Ray (Serve, Tune) and Optuna for sweeping and serving on
 # the device: Ray's wheel LZMA-recompressed without its Java jar (ray_dist.jar, 31 MiB compressed, used
 # only by Ray's Java API) and the dashboard's source map, Ray's runtime needs and Optuna's database stack
 # from .stage/dl4, Optuna from .stage/dl (not py-spy: nothing here profiles).

@@ -42,7 +42,8 @@
 #       background (ARGS go to it; --reuse in a later lease keeps sweeps already done)
 #   then, until it says done:  OUT=$OUT bash benchmarks/gpu/turbomind_device.sh repro-collect
 # Does a table pay on the H200 (issue #18 item 6), after t1 (with training):
-#   carry [".stage/t2"]: bash .stage/t2/install_part.sh
+#   carry [".stage/t3"]: bash .stage/t3/install_part.sh
+#   carry [".stage/t2"]: source benchmarks/gpu/device_env.sh && install_part2
 #   carry [".stage/r1"]: [PAYOFF_TABLE=path] OUT=$OUT bash benchmarks/gpu/turbomind_device.sh payoff
 #       installs Ray and Optuna, waits for the trained weights, then in the background: unless PAYOFF_TABLE
 #       names a committed table of an earlier lease's sweep, a sweep of the PyTorch engine (its two

@@ -84,6 +84,10 @@ def test_landscape_files_pool_by_cell_key_each_file_one_round():
     lone = cells["a0.7-mtp2 o512 c1 T0.8 n4"]  # counters that saw no step: no counted outputs
     assert lone.counted_outputs is None and lone.num_draft_tokens == 2
     assert mtp.to_dict()["agreement"] == 0.7 and "agreement" not in off.to_dict()
+    seeded = _landscape(*a["cells"].values(), _cell("mtp-off", 0, 512, 0.0, 4, 700.0))  # the next lease's file
+    with pytest.raises(SimFitError, match="same run is in an earlier file"):
+        landscape_cells([a, seeded], testbed.TESTBED_SPLIT)
+    assert len(landscape_cells([seeded], testbed.TESTBED_SPLIT)) == 3
 
 
 def test_bad_landscapes_are_refused_with_what_is_wrong():
