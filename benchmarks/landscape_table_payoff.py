@@ -43,11 +43,9 @@ import hashlib
 import json
 import math
 import platform
-import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +56,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from orchestrator.fsutil import utc_now_iso  # noqa: E402
+from orchestrator.hostinfo import cpu_model, git_commit  # noqa: E402
 from tuning.cap import best_routing, pooled_rate  # noqa: E402
 from tuning.replicas import mix_rate, work_per_config  # noqa: E402
 from tuning.simfit import WARM_REPEAT_PREFIXES, RepeatPair, repeat_noise, repeat_pairs  # noqa: E402
@@ -310,18 +310,13 @@ def analyse(landscape: Mapping[str, Any], mixes: Mapping[str, Mapping[Part, floa
 
 
 def provenance(landscape_path: Path, landscape: Mapping[str, Any], argv: Sequence[str]) -> dict[str, Any]:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = None
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    commit, cpu = git_commit(ROOT), cpu_model() or platform.processor()
     try:
         shown = str(landscape_path.resolve().relative_to(ROOT))
     except ValueError:
         shown = str(landscape_path)
     return {"command": "python benchmarks/landscape_table_payoff.py " + " ".join(argv),
-            "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "git_commit": commit,
+            "created_at": utc_now_iso(), "git_commit": commit,
             "landscape": shown, "landscape_sha256": hashlib.sha256(landscape_path.read_bytes()).hexdigest(),
             "landscape_host": landscape.get("host"), "landscape_commands": landscape.get("commands"),
             "python": platform.python_version(), "numpy": np.__version__, "cpu": cpu,

@@ -30,7 +30,6 @@ import argparse
 import json
 import math
 import platform
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -43,7 +42,7 @@ if str(ROOT) not in sys.path:
 
 from benchmarks import sim_fit_testbed as testbed  # noqa: E402
 from orchestrator.fsutil import atomic_write_text, utc_now_iso  # noqa: E402
-from orchestrator.hostinfo import cpu_model, cpus_available, package_versions  # noqa: E402
+from orchestrator.hostinfo import cpu_model, cpus_available, git_commit, package_versions  # noqa: E402
 from orchestrator.sim.model import PROFILES_DIR, EngineParams, PerformanceModel, Profile, load_profile  # noqa: E402
 from orchestrator.sim.scheduler import SimSummary, simulate_workload  # noqa: E402
 from tuning.simfit import ACCEPT_TOLERANCE, THROUGHPUT_TOLERANCE, coordinate_search  # noqa: E402
@@ -334,11 +333,7 @@ def decide(current: Mapping[str, Any], candidates: Mapping[str, Mapping[str, Any
 # ----- I/O --------------------------------------------------------------------------------------------------------
 
 def _git_commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
+    return git_commit(ROOT)
 
 
 def step_cost_section(profile: Profile, testbed_profile: Profile, landscape: Mapping[str, Any],

@@ -39,6 +39,15 @@ def package_versions(names: Iterable[str]) -> dict[str, str]:
     return {n: v for n in names if (v := package_version(n)) is not None}
 
 
+def git_commit(cwd: str | os.PathLike[str]) -> str | None:
+    """The commit checked out at ``cwd`` (what a result was computed with), or ``None`` outside git."""
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 def cpu_model() -> str | None:
     """The host CPU's model name (``/proc/cpuinfo``), or ``None`` where it cannot be read."""
     try:
