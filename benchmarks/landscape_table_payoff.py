@@ -31,7 +31,7 @@ the observed one. A table's ratio is >= 1 by construction (the singles are table
 
     python benchmarks/landscape_table_payoff.py                                  # the a0.9 landscape, default mixes
     python benchmarks/landscape_table_payoff.py --mix my_mixes.yaml --name my_run
-    python benchmarks/landscape_table_payoff.py --render benchmarks/results/landscape_table_payoff_2026-12-02.json
+    python benchmarks/landscape_table_payoff.py --render benchmarks/results/landscape_table_payoff_2026-12-04.json
 
 ``--mix`` file (YAML or JSON): mix name -> part -> share of output tokens, parts as ``out512/greedy``;
 shares >= 0 summing to 1, parts left out get 0. Results: ``benchmarks/results/<name>.json`` and ``.md``.
@@ -64,7 +64,7 @@ from tuning.simfit import WARM_REPEAT_PREFIXES, RepeatPair, repeat_noise, repeat
 from tuning.stats import PooledNoise, t_quantile  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-DEFAULT_LANDSCAPE = RESULTS / "gpu_landscape_h200_2026-12-02_a0.9" / "landscape.json"
+DEFAULT_LANDSCAPE = RESULTS / "gpu_landscape_h200_2026-12-04_a0.5" / "landscape.json"
 DEFAULT_NOISE_PAIRS = WARM_REPEAT_PREFIXES
 DEFAULT_GREEDY_SHARES = (0.25, 0.5, 0.75)
 BANDS = {0.0: "greedy", 0.8: "sampled"}
@@ -463,11 +463,12 @@ def next_command(result: Mapping[str, Any], out_md: Path) -> str:
 # ----------------------------------------------------------------------------------------------- main
 
 NOT_USED_REASON = (
-    "In the a0.9 landscape these are the `out128|T0` MTP-off cells of the first lease: the first cells a fresh engine "
-    "served (lease-1 log: engine ready, then out128 T0 c1..c256 first), before the per-concurrency warm-up existed. "
-    "They read up to half the re-measured figure (c4, c256): a start-up cost paid once, not run-to-run noise. "
-    "The `out512|T0` pairs' earlier runs came after the same engine had served two passes over every concurrency "
-    "(warm by order), the later ones after the explicit warm-up.")
+    "These are MTP off's output-128 cells of the first lease, re-measured in a later one after the per-concurrency "
+    "warm-up: the output-128 greedy cells were the first a fresh engine served (lease-1 log: engine ready, then out128 "
+    "T0 c1..c256), the T 0.8 ones its second pass, both before that warm-up existed. They read up to half the "
+    "re-measured figure (greedy c4, c256): a start-up cost paid once, not run-to-run noise. The `out512|T0` pairs' "
+    "earlier runs came after the same engine had served two passes over every concurrency (warm by order), the later "
+    "ones after the explicit warm-up.")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -484,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
                         "slow first pass, a start-up cost, not noise)")
     p.add_argument("--draws", type=int, default=1000, help="bootstrap draws per (agreement, concurrency); 0: no bands")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--name", default="landscape_table_payoff_2026-12-02", help="results/<name>.json and .md")
+    p.add_argument("--name", default="landscape_table_payoff_2026-12-04", help="results/<name>.json and .md")
     p.add_argument("--out-dir", type=Path, default=RESULTS)
     p.add_argument("--render", type=Path, default=None, metavar="JSON", help="only write the markdown of a results JSON")
     a = p.parse_args(argv)
