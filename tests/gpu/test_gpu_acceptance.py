@@ -31,7 +31,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
                        num_experts_per_tok=8, moe_intermediate_size=256, shared_expert_intermediate_size=256)
     out = tmp_path_factory.mktemp("controlled_moe")
     build_checkpoint(out, shape, acceptance=AcceptanceSpec(agreement=AGREEMENT), tokenizer_bytes=2 << 20,
-                     device="cuda", prediction_samples=2048)
+                     device="cuda")
     return out
 
 

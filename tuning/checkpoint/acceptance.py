@@ -21,7 +21,7 @@ position's hidden state is its own token's embedding:
   with probability ``agreement``.
 
 :func:`predict_accept_length` computes what LMDeploy should measure from the tensors themselves (float32
-arithmetic on the stored bf16 values): with no token mixing, draft ``k`` is the MTP's greedy choice
+arithmetic on the stored bf16 values, averaged over every ordinary start token): with no token mixing, draft ``k`` is the MTP's greedy choice
 after draft ``k - 1`` and the target accepts it with its own probability of that token at the request's
 temperature (LMDeploy 0.18 passes no draft probabilities, so a greedy draft is accepted with the target's
 probability of it; at temperature 0, when it is the target's argmax). The accept length is
@@ -46,6 +46,7 @@ __all__ = [
     "ControlledHead",
     "controlled_head",
     "predict_accept_length",
+    "predict_accept_lengths",
     "predict_from_weights",
 ]
 
@@ -165,42 +166,90 @@ def predict_accept_length(
     rms_norm_eps: float = 1e-6,
     top_k: int = 0,
     top_p: float = 1.0,
-    samples: int = 256,
+    samples: int | None = None,
     seed: int = 0,
 ) -> float:
     """Expected accept length (tokens per verification step, ``1 + accepted drafts``) for
     ``num_draft_tokens`` drafts at ``temperature`` (after ``top_k``, 0 = off, and ``top_p`` filtering),
     from the stored tensors of a checkpoint whose token-mixing output projections are zero. Norm
-    weights are as stored (scale ``1 + w``)."""
+    weights are as stored (scale ``1 + w``). :func:`predict_accept_lengths` gives every draft count up
+    to ``num_draft_tokens`` from the same chain."""
+    return predict_accept_lengths(
+        embed=embed, lm_head=lm_head, final_norm=final_norm, mtp_fc=mtp_fc,
+        mtp_pre_fc_norm_embedding=mtp_pre_fc_norm_embedding, mtp_norm=mtp_norm, ordinary=ordinary,
+        max_draft_tokens=num_draft_tokens, temperature=temperature, rms_norm_eps=rms_norm_eps, top_k=top_k,
+        top_p=top_p, samples=samples, seed=seed)[-1]
+
+
+#: Start tokens per chunk of the prediction (bounds its ``chunk x vocabulary`` logits).
+_CHUNK_LOGITS = 1 << 26
+#: Added to the seed of a prediction's random start tokens (see :func:`predict_accept_lengths`).
+_SAMPLE_SEED_OFFSET = 0x9E3779B9
+
+
+def predict_accept_lengths(
+    *,
+    embed: Any,
+    lm_head: Any,
+    final_norm: Any,
+    mtp_fc: Any,
+    mtp_pre_fc_norm_embedding: Any,
+    mtp_norm: Any,
+    ordinary: Any,
+    max_draft_tokens: int,
+    temperature: float,
+    rms_norm_eps: float = 1e-6,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    samples: int | None = None,
+    seed: int = 0,
+) -> tuple[float, ...]:
+    """Expected accept lengths for 1..``max_draft_tokens`` drafts at ``temperature``: draft ``k``'s chain
+    is the first ``k`` steps of the longest one, so one pass gives them all.
+
+    The expectation is over start tokens: every ordinary token by default (``samples=None``), which is
+    the average along the cycle that long outputs traverse; an integer draws that many distinct start
+    tokens at random (faster, but a draft's acceptance then carries a sampling error of about
+    ``sqrt(a (1 - a) / samples)`` at agreement ``a``, the same for every draft count, which a GPU
+    comparison at ±0.15 notices at a few hundred samples).
+    """
     import torch
 
-    if num_draft_tokens < 1:
-        raise ValueError(f"num_draft_tokens={num_draft_tokens}; allowed: >= 1")
+    if max_draft_tokens < 1:
+        raise ValueError(f"num_draft_tokens={max_draft_tokens}; allowed: >= 1")
     if temperature < 0:
         raise ValueError(f"temperature={temperature}; allowed: >= 0")
+    if samples is not None and samples < 1:
+        raise ValueError(f"samples={samples}; allowed: >= 1, or None for every ordinary token")
     f32 = torch.float32
     emb, head = embed.to(f32), lm_head.to(f32)
     H = emb.shape[1]
     fc_emb = mtp_fc.to(f32)[:, :H]  # the hidden half multiplies a state the construction ignores: zero
-    gen = torch.Generator(device=emb.device).manual_seed(seed)
+    target_scale, pre_fc_scale, mtp_scale = (1.0 + w.to(f32) for w in (final_norm, mtp_pre_fc_norm_embedding, mtp_norm))
     ordinary = torch.as_tensor(ordinary, device=emb.device)
-    y = ordinary[torch.randint(len(ordinary), (samples,), generator=gen, device=emb.device)]
-    alive = torch.ones(samples, device=emb.device)
-    total = torch.ones(samples, device=emb.device)
-    for _ in range(num_draft_tokens):
-        x = emb[y]
-        target_logits = _rms_norm(x, 1.0 + final_norm.to(f32), rms_norm_eps) @ head.T
-        e = _rms_norm(x, 1.0 + mtp_pre_fc_norm_embedding.to(f32), rms_norm_eps)
-        mtp_logits = _rms_norm(e @ fc_emb.T, 1.0 + mtp_norm.to(f32), rms_norm_eps) @ head.T
-        draft = mtp_logits.argmax(-1)
-        if temperature == 0:
-            q = (target_logits.argmax(-1) == draft).to(f32)
-        else:
-            q = _filtered_probs(target_logits / temperature, top_k, top_p).gather(1, draft.unsqueeze(1)).squeeze(1)
-        alive = alive * q
-        total = total + alive
-        y = draft
-    return float(total.mean())
+    if samples is not None and samples < len(ordinary):
+        # Not ``seed`` itself: :func:`controlled_head` draws the disagreement set as the first draws of a
+        # permutation with the builder's seed, so the same seed would start every chain inside it.
+        gen = torch.Generator(device=emb.device).manual_seed(seed + _SAMPLE_SEED_OFFSET)
+        ordinary = ordinary[torch.randperm(len(ordinary), generator=gen, device=emb.device)[:samples]]
+    totals = torch.zeros(max_draft_tokens, dtype=torch.float64, device=emb.device)
+    chunk = max(1, _CHUNK_LOGITS // head.shape[0])
+    for y in ordinary.split(chunk):
+        alive = torch.ones(len(y), device=emb.device)
+        for k in range(max_draft_tokens):
+            x = emb[y]
+            target_logits = _rms_norm(x, target_scale, rms_norm_eps) @ head.T
+            e = _rms_norm(x, pre_fc_scale, rms_norm_eps)
+            draft = (_rms_norm(e @ fc_emb.T, mtp_scale, rms_norm_eps) @ head.T).argmax(-1)
+            if temperature == 0:
+                q = (target_logits.argmax(-1) == draft).to(f32)
+            else:
+                q = _filtered_probs(target_logits / temperature, top_k, top_p).gather(1, draft.unsqueeze(1)).squeeze(1)
+            alive = alive * q
+            totals[k] += alive.sum(dtype=torch.float64)
+            y = draft
+    accepted = (totals / len(ordinary)).cumsum(0)
+    return tuple(1.0 + float(a) for a in accepted)
 
 
 def _filtered_probs(logits: Any, top_k: int, top_p: float) -> Any:
@@ -221,15 +270,15 @@ def _filtered_probs(logits: Any, top_k: int, top_p: float) -> Any:
 
 
 def predict_from_weights(weights: Mapping[str, Any], text_config: Mapping[str, Any], ordinary: Any,
-                         num_draft_tokens: int, temperature: float, *, top_k: int = 0,
-                         top_p: float = 1.0, samples: int = 256, seed: int = 0) -> float:
-    """:func:`predict_accept_length` on a checkpoint's tensors, keyed as :mod:`tuning.checkpoint.build` writes them."""
+                         max_draft_tokens: int, temperature: float, *, top_k: int = 0,
+                         top_p: float = 1.0, samples: int | None = None, seed: int = 0) -> tuple[float, ...]:
+    """:func:`predict_accept_lengths` on a checkpoint's tensors, keyed as :mod:`tuning.checkpoint.build` writes them."""
     lm = "model.language_model"
-    return predict_accept_length(
+    return predict_accept_lengths(
         embed=weights[f"{lm}.embed_tokens.weight"], lm_head=weights["lm_head.weight"],
         final_norm=weights[f"{lm}.norm.weight"], mtp_fc=weights["mtp.fc.weight"],
         mtp_pre_fc_norm_embedding=weights["mtp.pre_fc_norm_embedding.weight"], mtp_norm=weights["mtp.norm.weight"],
-        ordinary=ordinary, num_draft_tokens=num_draft_tokens, temperature=temperature,
+        ordinary=ordinary, max_draft_tokens=max_draft_tokens, temperature=temperature,
         rms_norm_eps=float(text_config.get("rms_norm_eps", 1e-6)), top_k=top_k, top_p=top_p, samples=samples,
         seed=seed,
     )

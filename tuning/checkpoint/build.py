@@ -545,12 +545,13 @@ PREDICTED_TEMPERATURES = (0.0, 0.5, 0.8, 1.0)
 def build_checkpoint(out_dir: str | os.PathLike[str], shape: ModelShape = ModelShape(), *, oracle: bool = False,
                      seed: int = 0, text_roots: Sequence[Path] | None = None,
                      tokenizer_bytes: int = 16 << 20, acceptance: AcceptanceSpec | None = None,
-                     device: str = "cpu", prediction_samples: int = 256) -> dict[str, Any]:
+                     device: str = "cpu", prediction_samples: int | None = None) -> dict[str, Any]:
     """Write a complete checkpoint into ``out_dir``; return its ``config.json`` content.
 
     The vocabulary is padded up to a multiple of 64 (kernel-friendly); the padded rows are never
     produced by the tokenizer. With ``acceptance``, ``acceptance.json`` holds the spec and the
-    accept length predicted for 1-4 draft tokens at temperatures 0, 0.5, 0.8 and 1.0.
+    accept length predicted for 1-4 draft tokens at temperatures 0, 0.5, 0.8 and 1.0, averaged over
+    every ordinary start token (``prediction_samples``: that many, drawn at random, instead).
     """
     if oracle and acceptance is not None:
         raise CheckpointError("oracle and acceptance are two constructions; pass one (oracle = agreement 1.0)")
@@ -566,11 +567,14 @@ def build_checkpoint(out_dir: str | os.PathLike[str], shape: ModelShape = ModelS
     weights = make_weights(config, oracle=oracle, seed=seed, acceptance=acceptance, ordinary_ids=ordinary,
                            device=device)
     if acceptance is not None:
-        predicted = {f"{n}@{temp}": round(predict_from_weights(weights, config["text_config"], ordinary, n, temp,
-                                                                samples=prediction_samples, seed=seed), 4)
+        by_temperature = {temp: predict_from_weights(weights, config["text_config"], ordinary, max(PREDICTED_DRAFT_TOKENS),
+                                                     temp, samples=prediction_samples, seed=seed)
+                          for temp in PREDICTED_TEMPERATURES}
+        predicted = {f"{n}@{temp}": round(by_temperature[temp][n - 1], 4)
                      for n in PREDICTED_DRAFT_TOKENS for temp in PREDICTED_TEMPERATURES}
         (out / ACCEPTANCE_FILE).write_text(json.dumps(dict(
             agreement=acceptance.agreement, sharpness=acceptance.sharpness, seed=seed, ordinary_tokens=len(ordinary),
+            start_tokens=len(ordinary) if prediction_samples is None else min(prediction_samples, len(ordinary)),
             predicted_accept_length=predicted,
             note="accept length = 1 + accepted drafts per step; key 'N@T' = N draft tokens at temperature T; a "
                  "draft is accepted with the target's temperature-scaled probability over the whole vocabulary "
