@@ -125,6 +125,19 @@ def predicted(ckpt: Path | None, n: int, t: float) -> float | None:
         return None
 
 
+def prediction_start_tokens(ckpt: Path | None) -> int | None:
+    """How many start tokens the checkpoint's prediction averaged over (``acceptance.json``'s ``start_tokens``;
+    None where the build did not record it: those averaged over 256 random ones)."""
+    if ckpt is None:
+        return None
+    from tuning.checkpoint.build import ACCEPTANCE_FILE
+
+    try:
+        return json.loads((ckpt / ACCEPTANCE_FILE).read_text()).get("start_tokens")
+    except (OSError, ValueError):
+        return None
+
+
 def measure_cell(url: str, cfg: EngineConfig, tokenizer: Any, *, o: int, t: float, c: int,
                  a: argparse.Namespace) -> dict[str, Any]:
     from tuning.bench import benchmark
@@ -193,7 +206,9 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                 state["cells"][cell_key(eng["name"], o, t, c)] = {
                     "engine": eng["name"], "agreement": None if eng["draft_tokens"] == 0 else eng["agreement"],
                     "draft_tokens": eng["draft_tokens"], "output_len": o, "temperature": t, "concurrency": c,
-                    "predicted_accept_length": predicted(ckpt, eng["draft_tokens"], t), "warmup": WARMUP, **r}
+                    "predicted_accept_length": predicted(ckpt, eng["draft_tokens"], t),
+                    "prediction_start_tokens": prediction_start_tokens(ckpt) if eng["draft_tokens"] else None,
+                    "warmup": WARMUP, **r}
                 save()
                 log(f"{eng['name']} out {o} T {t:g} c {c}: {r['output_throughput']:.0f} tok/s, accept "
                     f"{r.get('accept_length')}, failed {r.get('failed')}")

@@ -4,6 +4,7 @@ and what it reports."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -171,3 +172,11 @@ def test_a_round_is_the_mean_of_its_waves_and_a_short_or_admitted_round_is_marke
            "workload": {"concurrency": [8], "input_len": 512, "output_len": [128], "waves": 2}}
     md = turbomind.render_markdown(res)
     assert "| 200, 100‡, 100* |" in md and "fewer measured waves" in md and "2 measured waves per cell" in md
+
+
+def test_a_landscape_cell_records_how_many_start_tokens_its_prediction_averaged(tmp_path: Path) -> None:
+    (tmp_path / "acceptance.json").write_text(json.dumps({"start_tokens": 32759, "predicted_accept_length": {}}))
+    assert landscape.prediction_start_tokens(tmp_path) == 32759
+    (tmp_path / "acceptance.json").write_text(json.dumps({"predicted_accept_length": {}}))  # built before it was kept
+    assert landscape.prediction_start_tokens(tmp_path) is None
+    assert landscape.prediction_start_tokens(None) is None and landscape.prediction_start_tokens(tmp_path / "x") is None

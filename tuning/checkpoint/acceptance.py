@@ -48,6 +48,7 @@ __all__ = [
     "predict_accept_length",
     "predict_accept_lengths",
     "predict_from_weights",
+    "predict_from_weights_all",
 ]
 
 #: What LMDeploy 0.18's ``/v1/completions`` and ``/v1/chat/completions`` use when a request gives no ``top_k``
@@ -172,16 +173,16 @@ def predict_accept_length(
     """Expected accept length (tokens per verification step, ``1 + accepted drafts``) for
     ``num_draft_tokens`` drafts at ``temperature`` (after ``top_k``, 0 = off, and ``top_p`` filtering),
     from the stored tensors of a checkpoint whose token-mixing output projections are zero. Norm
-    weights are as stored (scale ``1 + w``). :func:`predict_accept_lengths` gives every draft count up
-    to ``num_draft_tokens`` from the same chain."""
+    weights are as stored (scale ``1 + w``). :func:`predict_accept_lengths` gives every draft count and
+    several temperatures from one pass."""
     return predict_accept_lengths(
         embed=embed, lm_head=lm_head, final_norm=final_norm, mtp_fc=mtp_fc,
         mtp_pre_fc_norm_embedding=mtp_pre_fc_norm_embedding, mtp_norm=mtp_norm, ordinary=ordinary,
-        max_draft_tokens=num_draft_tokens, temperature=temperature, rms_norm_eps=rms_norm_eps, top_k=top_k,
-        top_p=top_p, samples=samples, seed=seed)[-1]
+        max_draft_tokens=num_draft_tokens, temperatures=(temperature,), rms_norm_eps=rms_norm_eps, top_k=top_k,
+        top_p=top_p, samples=samples, seed=seed)[float(temperature)][-1]
 
 
-#: Start tokens per chunk of the prediction (bounds its ``chunk x vocabulary`` logits).
+#: Tokens per chunk of the per-token pass (bounds its ``chunk x vocabulary`` logits).
 _CHUNK_LOGITS = 1 << 26
 #: Added to the seed of a prediction's random start tokens (see :func:`predict_accept_lengths`).
 _SAMPLE_SEED_OFFSET = 0x9E3779B9
@@ -197,59 +198,81 @@ def predict_accept_lengths(
     mtp_norm: Any,
     ordinary: Any,
     max_draft_tokens: int,
-    temperature: float,
+    temperatures: Sequence[float],
     rms_norm_eps: float = 1e-6,
     top_k: int = 0,
     top_p: float = 1.0,
     samples: int | None = None,
     seed: int = 0,
-) -> tuple[float, ...]:
-    """Expected accept lengths for 1..``max_draft_tokens`` drafts at ``temperature``: draft ``k``'s chain
-    is the first ``k`` steps of the longest one, so one pass gives them all.
+) -> dict[float, tuple[float, ...]]:
+    """Expected accept lengths for 1..``max_draft_tokens`` drafts at each temperature: ``{T: (N=1, N=2, ...)}``.
 
-    The expectation is over start tokens: every ordinary token by default (``samples=None``), which is
-    the average along the cycle that long outputs traverse; an integer draws that many distinct start
-    tokens at random (faster, but a draft's acceptance then carries a sampling error of about
-    ``sqrt(a (1 - a) / samples)`` at agreement ``a``, the same for every draft count, which a GPU
-    comparison at ±0.15 notices at a few hundred samples).
+    With no token mixing a token's draft and the target's probability of it depend on that token alone, so
+    one pass over the tokens a chain can reach gives both; a chain is then lookups (draft ``k`` of a chain is
+    step ``k`` of the longest one). The expectation is over start tokens: every ordinary token by default
+    (``samples=None``), the average along the cycle that long outputs traverse; an integer draws that many
+    distinct start tokens at random instead (an estimate: the share of starts outside the disagreement set
+    carries a sampling error of about ``sqrt(a (1 - a) / samples)`` at agreement ``a``, which every draft
+    count inherits and longer chains amplify).
     """
     import torch
 
     if max_draft_tokens < 1:
-        raise ValueError(f"num_draft_tokens={max_draft_tokens}; allowed: >= 1")
-    if temperature < 0:
-        raise ValueError(f"temperature={temperature}; allowed: >= 0")
+        raise ValueError(f"max_draft_tokens={max_draft_tokens}; allowed: >= 1")
+    temps = [float(t) for t in temperatures]
+    if not temps or min(temps) < 0:
+        raise ValueError(f"temperatures={list(temperatures)}; allowed: one or more, each >= 0")
     if samples is not None and samples < 1:
         raise ValueError(f"samples={samples}; allowed: >= 1, or None for every ordinary token")
     f32 = torch.float32
+    device = embed.device
     emb, head = embed.to(f32), lm_head.to(f32)
-    H = emb.shape[1]
+    V, H = emb.shape
     fc_emb = mtp_fc.to(f32)[:, :H]  # the hidden half multiplies a state the construction ignores: zero
     target_scale, pre_fc_scale, mtp_scale = (1.0 + w.to(f32) for w in (final_norm, mtp_pre_fc_norm_embedding, mtp_norm))
-    ordinary = torch.as_tensor(ordinary, device=emb.device)
-    if samples is not None and samples < len(ordinary):
+    starts = torch.as_tensor(ordinary, dtype=torch.long, device=device).flatten()
+    if starts.numel() == 0:
+        raise ValueError("ordinary is empty; allowed: the token ids a chain may start from (one or more)")
+    if samples is not None and samples < len(starts):
         # Not ``seed`` itself: :func:`controlled_head` draws the disagreement set as the first draws of a
         # permutation with the builder's seed, so the same seed would start every chain inside it.
-        gen = torch.Generator(device=emb.device).manual_seed(seed + _SAMPLE_SEED_OFFSET)
-        ordinary = ordinary[torch.randperm(len(ordinary), generator=gen, device=emb.device)[:samples]]
-    totals = torch.zeros(max_draft_tokens, dtype=torch.float64, device=emb.device)
-    chunk = max(1, _CHUNK_LOGITS // head.shape[0])
-    for y in ordinary.split(chunk):
-        alive = torch.ones(len(y), device=emb.device)
-        for k in range(max_draft_tokens):
+        gen = torch.Generator(device=device).manual_seed(seed + _SAMPLE_SEED_OFFSET)
+        starts = starts[torch.randperm(len(starts), generator=gen, device=device)[:samples]]
+
+    draft_of = torch.full((V,), -1, dtype=torch.long, device=device)
+    q = {t: torch.zeros(V, device=device) for t in temps}  # the target's acceptance of each token's draft
+    chunk = max(1, _CHUNK_LOGITS // V)
+
+    def score(ids: Any) -> None:
+        for y in ids.split(chunk):
             x = emb[y]
             target_logits = _rms_norm(x, target_scale, rms_norm_eps) @ head.T
             e = _rms_norm(x, pre_fc_scale, rms_norm_eps)
             draft = (_rms_norm(e @ fc_emb.T, mtp_scale, rms_norm_eps) @ head.T).argmax(-1)
-            if temperature == 0:
-                q = (target_logits.argmax(-1) == draft).to(f32)
-            else:
-                q = _filtered_probs(target_logits / temperature, top_k, top_p).gather(1, draft.unsqueeze(1)).squeeze(1)
-            alive = alive * q
-            totals[k] += alive.sum(dtype=torch.float64)
-            y = draft
-    accepted = (totals / len(ordinary)).cumsum(0)
-    return tuple(1.0 + float(a) for a in accepted)
+            draft_of[y] = draft
+            for t in temps:
+                if t == 0:
+                    q[t][y] = (target_logits.argmax(-1) == draft).to(f32)
+                else:
+                    probs = _filtered_probs(target_logits / t, top_k, top_p)
+                    q[t][y] = probs.gather(1, draft.unsqueeze(1)).squeeze(1)
+
+    frontier = starts.unique()
+    for _ in range(max_draft_tokens):  # every token a chain of max_draft_tokens steps can reach, scored once
+        todo = frontier[draft_of[frontier] < 0]
+        if todo.numel():
+            score(todo)
+        frontier = draft_of[frontier].unique()
+    out: dict[float, tuple[float, ...]] = {}
+    for t in temps:
+        alive = torch.ones(len(starts), dtype=torch.float64, device=device)
+        y, accepted = starts, []
+        for _ in range(max_draft_tokens):
+            alive = alive * q[t][y].to(torch.float64)
+            accepted.append(float(alive.mean()))
+            y = draft_of[y]
+        out[t] = tuple(1.0 + sum(accepted[:k + 1]) for k in range(max_draft_tokens))
+    return out
 
 
 def _filtered_probs(logits: Any, top_k: int, top_p: float) -> Any:
@@ -270,15 +293,24 @@ def _filtered_probs(logits: Any, top_k: int, top_p: float) -> Any:
 
 
 def predict_from_weights(weights: Mapping[str, Any], text_config: Mapping[str, Any], ordinary: Any,
-                         max_draft_tokens: int, temperature: float, *, top_k: int = 0,
-                         top_p: float = 1.0, samples: int | None = None, seed: int = 0) -> tuple[float, ...]:
+                         num_draft_tokens: int, temperature: float, *, top_k: int = 0,
+                         top_p: float = 1.0, samples: int | None = None, seed: int = 0) -> float:
+    """:func:`predict_accept_length` on a checkpoint's tensors, keyed as :mod:`tuning.checkpoint.build` writes them."""
+    return predict_from_weights_all(weights, text_config, ordinary, num_draft_tokens, (temperature,), top_k=top_k,
+                                    top_p=top_p, samples=samples, seed=seed)[float(temperature)][-1]
+
+
+def predict_from_weights_all(weights: Mapping[str, Any], text_config: Mapping[str, Any], ordinary: Any,
+                             max_draft_tokens: int, temperatures: Sequence[float], *, top_k: int = 0,
+                             top_p: float = 1.0, samples: int | None = None,
+                             seed: int = 0) -> dict[float, tuple[float, ...]]:
     """:func:`predict_accept_lengths` on a checkpoint's tensors, keyed as :mod:`tuning.checkpoint.build` writes them."""
     lm = "model.language_model"
     return predict_accept_lengths(
         embed=weights[f"{lm}.embed_tokens.weight"], lm_head=weights["lm_head.weight"],
         final_norm=weights[f"{lm}.norm.weight"], mtp_fc=weights["mtp.fc.weight"],
         mtp_pre_fc_norm_embedding=weights["mtp.pre_fc_norm_embedding.weight"], mtp_norm=weights["mtp.norm.weight"],
-        ordinary=ordinary, max_draft_tokens=max_draft_tokens, temperature=temperature,
+        ordinary=ordinary, max_draft_tokens=max_draft_tokens, temperatures=temperatures,
         rms_norm_eps=float(text_config.get("rms_norm_eps", 1e-6)), top_k=top_k, top_p=top_p, samples=samples,
         seed=seed,
     )

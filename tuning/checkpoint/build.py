@@ -57,7 +57,7 @@ from typing import Any
 from tuning.checkpoint.acceptance import (
     AcceptanceSpec,
     controlled_head,
-    predict_from_weights,
+    predict_from_weights_all,
 )
 from tuning.checkpoint.errors import CheckpointError
 
@@ -567,9 +567,8 @@ def build_checkpoint(out_dir: str | os.PathLike[str], shape: ModelShape = ModelS
     weights = make_weights(config, oracle=oracle, seed=seed, acceptance=acceptance, ordinary_ids=ordinary,
                            device=device)
     if acceptance is not None:
-        by_temperature = {temp: predict_from_weights(weights, config["text_config"], ordinary, max(PREDICTED_DRAFT_TOKENS),
-                                                     temp, samples=prediction_samples, seed=seed)
-                          for temp in PREDICTED_TEMPERATURES}
+        by_temperature = predict_from_weights_all(weights, config["text_config"], ordinary, max(PREDICTED_DRAFT_TOKENS),
+                                                  PREDICTED_TEMPERATURES, samples=prediction_samples, seed=seed)
         predicted = {f"{n}@{temp}": round(by_temperature[temp][n - 1], 4)
                      for n in PREDICTED_DRAFT_TOKENS for temp in PREDICTED_TEMPERATURES}
         (out / ACCEPTANCE_FILE).write_text(json.dumps(dict(
