@@ -420,9 +420,9 @@ def render(result: Mapping[str, Any]) -> str:
               "table gives it (as `tuning.replicas` does); an engine that gets a quarter of the traffic runs at a "
               "lower load, where it makes fewer tok/s. The time split assumes co-resident engines each run as fast "
               "as alone for their share of the time; on one GPU they contend for memory and kernels.",
-              "- MTP off and the agreement-0.7 engines were measured in the first lease without the per-concurrency "
-              "warm-up (the agreement-0.9 engines and MTP off's greedy cells after it); an engine's first pass over "
-              "its concurrencies (output 128, T 0) can read slow, as MTP off's did.",
+              "- The agreement-0.7 MTP engines and MTP off's output-512 T 0.8 cells were measured in the first lease "
+              "without the per-concurrency warm-up (every other cell after it); an engine's first pass over its "
+              "concurrencies (output 128, T 0) can read slow, as MTP off's did.",
               "- Nothing here was served: a table's gain on the testbed is for `benchmarks/mixed_payoff.py`-style "
               "rounds beside the best single config to measure."]
     return "\n".join(lines) + "\n"
