@@ -12,13 +12,14 @@ Step-time model (one engine iteration, seconds)::
       + attention FLOPs over the context / same                                   # grows with context
       + fixed overhead + n * per-sequence overhead                                 # host side: launches, sampling
       + N * (one MTP-layer draft step: its weights + its KV, one token per sequence) + overheads
+      + [any sequence samples] * sampling_overhead_ms                              # host: eager sampler kernels
       - host_overlap * min(host part, GPU part)                                    # host work hidden behind GPU
 
     prefill(t tokens) = weights / bandwidth + FLOPs / prefill FLOP/s + fixed overhead + t * per-token overhead
 
 Host/GPU overlap (``host_overlap``, 0..1, default 0): the share of the smaller of a decode step's two parts
 -- the GPU part (the memory, compute and draft-layer terms) and the host part (every ``*_overhead_ms`` term
-of the step: fixed, per sequence, verification, per draft pass) -- that runs concurrently with the other, so
+of the step: fixed, per sequence, verification, per draft pass, sampling) -- that runs concurrently with the other, so
 the step is ``gpu + host - host_overlap * min(host, gpu)``: the plain sum at 0, ``max(host, gpu)`` at 1.
 Why: LMDeploy's PyTorch engine pipelines its forwards -- ``EngineLoop._main_loop_get_outputs`` prefetches
 (schedules and builds) the next forward's inputs before awaiting the current one's output, the model agent
@@ -32,6 +33,21 @@ prefill forward's inputs are built whole on the host (not a delta) and it runs e
 no measurement so far could tell a prefill overlap from a smaller prefill overhead (the testbed's prompts
 are all one length); the scheduler adds a prefill to the decode of the same iteration, whose own overlap
 applies to the decode part.
+
+Sampling cost (``sampling_overhead_ms``, default 0): a decode step in which any sequence samples (temperature
+> 0) costs that much more HOST time than a greedy one. LMDeploy's PyTorch sampler
+(``lmdeploy/pytorch/engine/logits_process.py``, ``FusedLogitsProcessor.sampling``) takes one ``argmax`` when every
+sequence of the batch is greedy (``max_top_k == 1``) and otherwise, for the whole batch, ``topk`` (or a full
+sort) over the vocabulary, top-p/min-p masks, a softmax and a multinomial draw; with MTP the same choice covers
+all ``N + 1`` verified positions (``spec_decode/reject_sampler.py``: argmax when all are greedy, else the bonus
+position sampled so and the drafts through a rejection kernel). Read in ``InternLM/lmdeploy``'s newest stored
+source, not 0.18's own. Those are a chain of eager kernels outside the decode CUDA graph plus per-step tensors
+built in Python: launch-bound work, hence host time, which the pipelined loop can hide behind GPU work like the other
+``*_overhead_ms`` (``host_overlap``). One fixed term, no cost per scored row (the kernels' GPU time over the
+vocabulary): the testbed's cells show the cost at low load and little of it at 16-64 in flight. The engine calls a
+batch greedy when every ``top_k`` is 1 (temperature 0 sets it); the simulator decides by temperature alone, so a
+request with temperature > 0 and ``top_k`` 1 pays here and not in the engine. The scheduler passes how many decoding sequences sample; with none the term is not added, so greedy steps
+are unchanged bit for bit. Prefill's first token is not charged (one sampler call against a prompt's forward).
 
 Engines (``EngineParams.backend``): the profile's constants describe LMDeploy's PyTorch engine. A
 profile may carry a ``turbomind`` section: the constants that differ for LMDeploy's TurboMind engine
@@ -76,6 +92,7 @@ __all__ = [
     "EngineParams",
     "PerformanceModel",
     "SimModelError",
+    "SAMPLING_CONSTANTS",
     "load_profile",
     "list_profiles",
     "accept_distribution",
@@ -91,12 +108,15 @@ _POS_BIN = 16  # acceptance tables are tabulated every 16 output positions (smoo
 SIM_BACKENDS = ("pytorch", "turbomind")
 """The LMDeploy engines a profile can describe: its own constants are the PyTorch engine's."""
 
+SAMPLING_CONSTANTS = ("sampling_overhead_ms",)
+"""A profile's sampling-cost constants (module docstring): non-negative, default 0 (no cost)."""
+
 BACKEND_CONSTANTS = ("eff_bandwidth", "eff_decode_flops", "eff_prefill_flops", "decode_overhead_ms",
                      "decode_overhead_per_seq_ms", "prefill_overhead_ms", "prefill_overhead_per_token_us",
-                     "host_overlap")
+                     "host_overlap", *SAMPLING_CONSTANTS)
 """Constants a profile's ``turbomind`` section may set (one it leaves out is the PyTorch engine's);
 everything else (architecture, memory, acceptance) is the model's and the GPU's, the same under either
-engine."""
+engine. The sampling constants are among them: TurboMind samples with its own kernels."""
 
 _BACKEND_NOTES = ("fitted_on", "notes")  # a backend section's documentation keys
 
@@ -113,7 +133,8 @@ class SimOutOfMemory(SimModelError):
 class Profile:
     """One model on one GPU type: architecture, hardware and the fitted constants.
 
-    Loaded from ``profiles/<name>.json``; every field is documented in that file's ``fields`` notes.
+    Loaded from ``profiles/<name>.json`` (sections flattened); fields are described in the module docstring
+    and ``orchestrator/sim/README.md``, and in attribute docstrings below where they were added later.
     """
 
     name: str
@@ -170,6 +191,9 @@ class Profile:
     host_overlap: float = 0.0
     """Share (0..1) of the smaller of a decode step's host and GPU parts hidden behind the other (module
     docstring); 0 sums them."""
+    sampling_overhead_ms: float = 0.0
+    """Host milliseconds a decode step costs more when any of its sequences samples (temperature > 0): the
+    sampler's eager kernels over the vocabulary and their inputs (module docstring). 0: sampling is free."""
     backend: str = "pytorch"
     """The engine these constants describe (set by :meth:`for_backend`, never by the profile file)."""
     extra: dict = field(default_factory=dict)
@@ -180,6 +204,12 @@ class Profile:
             raise SimModelError(f"profile {self.name!r}: host_overlap={overlap!r}; allowed: a number in 0..1 "
                                 "(the share of the smaller of a decode step's host and GPU parts hidden behind "
                                 "the other; 0 adds them)")
+        for name in SAMPLING_CONSTANTS:
+            value = getattr(self, name)
+            if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                    or value < 0):
+                raise SimModelError(f"profile {self.name!r}: {name}={value!r}; allowed: a finite number >= 0 "
+                                    "(the decode step's extra cost when a sequence samples; 0: none)")
 
     @property
     def total_params_b(self) -> float:
@@ -459,21 +489,25 @@ class PerformanceModel:
     def _coverage(self, independent_tokens: float) -> float:
         return 1.0 - self.route_miss ** (independent_tokens * self.profile.routing_spread)
 
-    def decode_time(self, num_seqs: int, total_context: int) -> float:
-        """One decode (or verify) step of ``num_seqs`` sequences holding ``total_context`` KV tokens: its GPU
-        and host parts added, less the profile's ``host_overlap`` of the smaller one."""
-        total, gpu, host = self._decode_terms(num_seqs, total_context)
+    def decode_time(self, num_seqs: int, total_context: int, *, num_sampled: int = 0) -> float:
+        """One decode (or verify) step of ``num_seqs`` sequences holding ``total_context`` KV tokens, of which
+        ``num_sampled`` sample (temperature > 0): its GPU and host parts added, less the profile's
+        ``host_overlap`` of the smaller one."""
+        total, gpu, host = self._decode_terms(num_seqs, total_context, num_sampled)
         return total - self.profile.host_overlap * min(gpu, host)
 
-    def decode_parts(self, num_seqs: int, total_context: int) -> tuple[float, float]:
-        """``(gpu, host)`` seconds of one decode step (draft passes and verification included), before any
-        overlap: what :meth:`decode_time` combines."""
-        _, gpu, host = self._decode_terms(num_seqs, total_context)
+    def decode_parts(self, num_seqs: int, total_context: int, *, num_sampled: int = 0) -> tuple[float, float]:
+        """``(gpu, host)`` seconds of one decode step (draft passes, verification and sampling included),
+        before any overlap: what :meth:`decode_time` combines."""
+        _, gpu, host = self._decode_terms(num_seqs, total_context, num_sampled)
         return gpu, host
 
-    def _decode_terms(self, num_seqs: int, total_context: int) -> tuple[float, float, float]:
+    def _decode_terms(self, num_seqs: int, total_context: int, num_sampled: int = 0) -> tuple[float, float, float]:
         """(GPU + host, GPU, host) seconds of a decode step; the sum is added term by term in the order the
-        additive model always used, so ``host_overlap`` 0 gives every existing profile's step bit for bit."""
+        additive model always used, so ``host_overlap`` 0 gives every existing profile's step bit for bit,
+        and the sampling term comes last (added only when a sequence samples), so greedy steps too."""
+        if isinstance(num_sampled, bool) or not isinstance(num_sampled, int) or not 0 <= num_sampled <= num_seqs:
+            raise SimModelError(f"num_sampled={num_sampled!r}; allowed: an integer in 0..num_seqs ({num_seqs})")
         if num_seqs == 0:
             return 0.0, 0.0, 0.0
         gpu, host = self._decode_main_parts(num_seqs, total_context)
@@ -484,6 +518,10 @@ class PerformanceModel:
             total += verify + n * (draft_gpu + draft_host)
             gpu += n * draft_gpu
             host += verify + n * draft_host
+        if num_sampled:  # the whole batch takes the sampled path once one sequence samples (module docstring)
+            sample = self.profile.sampling_overhead_ms / 1e3
+            total += sample
+            host += sample
         return total, gpu, host
 
     def _decode_main_parts(self, num_seqs: int, total_context: int) -> tuple[float, float]:

@@ -11,6 +11,9 @@ sequence up front is a simplification of LMDeploy's on-demand blocks with preemp
 effect that matters (a small memory fraction caps concurrency, more so with long outputs and MTP).
 Prompts are prefilled in chunks of at most ``max_prefill_tokens`` per iteration; a sequence emits its
 first token when its prefill completes, then decodes ``1 + accepted drafts`` tokens per iteration.
+A decode iteration in which any decoding sequence samples (temperature > 0) pays the profile's sampling
+cost (:mod:`orchestrator.sim.model`); the scheduler keeps the count of such sequences as they start and
+stop decoding, so a step costs no scan.
 """
 from __future__ import annotations
 
@@ -44,6 +47,7 @@ class SimRequest:
     first_token_time: float | None = None
     finish_time: float | None = None
     payload: Any = None  # the server's per-request delivery queue
+    sampled: bool = False  # temperature > 0: its decode steps take the engine's sampling path
 
     def __post_init__(self) -> None:
         self.prefill_remaining = self.prompt_tokens
@@ -58,7 +62,8 @@ def make_request(model: PerformanceModel, request_id: str, prompt_tokens: int, m
     if not ignore_eos and model.profile.eos_prob_per_token > 0:
         num_tokens = min(num_tokens, int(rng.geometric(model.profile.eos_prob_per_token)))
     schedule = emission_schedule(model.profile, model.n_draft, temperature, num_tokens, rng)
-    return SimRequest(request_id, max(1, int(prompt_tokens)), num_tokens, schedule, arrival_time)
+    return SimRequest(request_id, max(1, int(prompt_tokens)), num_tokens, schedule, arrival_time,
+                      sampled=float(temperature) > 0.0)
 
 
 @dataclass
@@ -83,6 +88,7 @@ class Scheduler:
         self.total_blocks = model.kv_capacity_tokens // model.profile.block_size
         self.free_blocks = self.total_blocks
         self.decode_context = 0  # sum of context over decoding sequences
+        self.decode_sampled = 0  # decoding sequences that sample (temperature > 0)
 
     @property
     def num_running(self) -> int:
@@ -116,6 +122,7 @@ class Scheduler:
                 self.free_blocks += request.blocks
                 if group is self.decoding:
                     self.decode_context -= request.context
+                    self.decode_sampled -= request.sampled
                 return
 
     def step(self, now: float = 0.0) -> StepResult:
@@ -143,7 +150,8 @@ class Scheduler:
                 finished_prefill.append(req)
         # 3. decode all decoding sequences
         n_seqs = len(self.decoding)
-        duration = model.prefill_time(prefill_tokens, attention_work) + model.decode_time(n_seqs, self.decode_context)
+        duration = (model.prefill_time(prefill_tokens, attention_work)
+                    + model.decode_time(n_seqs, self.decode_context, num_sampled=self.decode_sampled))
         end = now + duration
         result = StepResult(duration, [], prefill_tokens=prefill_tokens, decode_seqs=n_seqs)
         emissions = result.emissions
@@ -162,6 +170,7 @@ class Scheduler:
                 if done:
                     req.finish_time = end
                     self.free_blocks += req.blocks
+                    self.decode_sampled -= req.sampled
                 else:
                     still.append(req)
             self.decoding = still
@@ -186,6 +195,7 @@ class Scheduler:
                 else:
                     self.decoding.append(req)
                     self.decode_context += req.context
+                    self.decode_sampled += req.sampled
         return result
 
 
