@@ -7,13 +7,13 @@ and 1-4 draft tokens x concurrency x temperature x output length, per agreement 
 closed-loop run of max(4, 2c) requests. Its architecture numbers are counted from the preset's shape
 (:mod:`tuning.checkpoint.footprint`), not fitted. The split (:data:`TESTBED_SPLIT`) was fixed before the
 first fit. Fitted on the FIT half: acceptance per agreement level (each level is its own checkpoint), then
-the step constants shared by every level, under two step structures (:data:`STRUCTURES`: host overhead
-added to GPU time, or partly hidden behind it, ``host_overlap``); the structure is chosen on the FIT half
-alone (:func:`choose_structure`), and each held-out cell's run is then repeated by the simulator's own
-closed-loop benchmark and compared with the one measured run (±10 % throughput, ±0.15 accept length as
-LMDeploy's counters count it), for both structures.
+the step constants shared by every level, under three nested step structures (:data:`STRUCTURES`: host
+overhead added to GPU time; partly hidden behind it, ``host_overlap``; and that with a cost for sampled steps,
+``sampling_overhead_ms``); the structure is chosen on the FIT half alone (:func:`choose_structure`), and each
+held-out cell's run is then repeated by the simulator's own closed-loop benchmark and compared with the one
+measured run (±10 % throughput, ±0.15 accept length as LMDeploy's counters count it), for every structure.
 
-    python benchmarks/sim_fit_testbed.py                                   # fit, check, write the write-up (~5 min, 2 cores)
+    python benchmarks/sim_fit_testbed.py                                   # fit, check, write the write-up (~40 min, one core)
     python benchmarks/sim_fit_testbed.py --measurement A.json B.json      # pool several leases' landscapes
     python benchmarks/sim_fit_testbed.py --write-profile                  # ... and store the fit in the profile
 """
@@ -57,11 +57,11 @@ from tuning.simfit import (  # noqa: E402
     repeat_pairs,
 )
 
-MEASUREMENT = ROOT / "benchmarks" / "results" / "gpu_landscape_h200_2026-12-02_a0.9" / "landscape.json"
+MEASUREMENT = ROOT / "benchmarks" / "results" / "gpu_landscape_h200_2026-12-04_a0.5" / "landscape.json"
 """The newest landscape (it holds every lease's cells: each lease is seeded with the one before)."""
 PROFILE_NAME = "qwen35-moe-testbed-1xh200"
 PROFILE = PROFILES_DIR / f"{PROFILE_NAME}.json"
-OUT_PREFIX = ROOT / "benchmarks" / "results" / "sim_fit_testbed_2026-12-02_a0.9"
+OUT_PREFIX = ROOT / "benchmarks" / "results" / "sim_fit_testbed_2026-12-04"
 """The result of the stored profile's fit (the default run writes it again)."""
 PRESET = measure_landscape.PRESET
 
@@ -89,6 +89,16 @@ successor cycle is in the disagreement set at random), a chain of constant per-d
 simulator's acceptance model with those two at 0; ``accept_pos_scale`` then has no effect."""
 HELD_ACCEPTANCE = {"accept_log_slope": 0.0, "accept_depth_penalty": 0.0, "accept_pos_scale": 1000.0}
 
+SAMPLING_BOUNDS = {"sampling_overhead_ms": (0.0, 4.0)}
+"""The sampling-cost constant fitted with the step constants (:data:`SAMPLING_WHY`), and its bounds."""
+SAMPLING_WHY = (
+    "The engine's sampling cost (`orchestrator/sim/model.py`): a decode step in which any sequence samples pays "
+    "`sampling_overhead_ms` of host time (LMDeploy's sampler runs top-k, top-p, softmax and a multinomial draw as "
+    "eager kernels outside the decode CUDA graph once any sequence of the batch has top_k > 1; an all-greedy batch "
+    "takes one argmax). Fitted with the other step constants on the FIT half, searched from the overlap fit with "
+    "the term at 0 (no cost): the T 0.8 cells against the T 0 ones identify it.")
+"""Why the sampling term is fitted (quoted by the write-up)."""
+
 STEP_BOUNDS = {"eff_bandwidth": (0.2, 1.0), "eff_decode_flops": (0.02, 1.0), "decode_overhead_ms": (0.0, 10.0),
                "decode_overhead_per_seq_ms": (0.0, 0.1), "prefill_overhead_ms": (0.0, 50.0),
                "prefill_overhead_per_token_us": (0.0, 80.0), "draft_overhead_ms": (0.0, 10.0),
@@ -102,13 +112,15 @@ OVERLAP_BOUNDS = {"host_overlap": (0.0, 1.0)}
 hidden behind the other (``orchestrator.sim.model``); the additive structure holds it at 0."""
 OVERLAP_START = 0.5
 """Where the overlap structure's search starts (mid-range: no side taken before the fit)."""
-STRUCTURES = {"additive": STEP_BOUNDS, "overlap": {**STEP_BOUNDS, **OVERLAP_BOUNDS}}
-"""The two step structures compared, by the constants each fits."""
+STRUCTURES = {"additive": STEP_BOUNDS, "overlap": {**STEP_BOUNDS, **OVERLAP_BOUNDS},
+              "overlap+sampling": {**STEP_BOUNDS, **OVERLAP_BOUNDS, **SAMPLING_BOUNDS}}
+"""The step structures compared, by the constants each fits; each nests the one before it."""
 STRUCTURE_RULE = (
     "Chosen on the FIT half only, before any held-out cell is simulated: the lower Bayesian information "
     "criterion of the FIT cells' throughput log errors, n ln(log-RMS^2) + k ln(n) (n FIT cells, k step constants "
-    "fitted): the overlap structure nests the additive one (host_overlap 0), so it must lower the FIT log-RMS by "
-    "more than its one extra constant buys by itself (a factor exp(ln(n) / 2n): 4 % at 48 cells, 3 % at 84); a tie keeps the additive.")
+    "fitted): the overlap structure nests the additive one (host_overlap 0) and overlap+sampling nests overlap "
+    "(sampling_overhead_ms 0), so each must lower the FIT log-RMS by more than its one extra constant buys by itself "
+    "(a factor exp(ln(n) / 2n): 4 % at 48 cells, 3 % at 84, 2 % at 124); a tie keeps the fewer constants.")
 """How :func:`choose_structure` chooses (quoted by the write-up)."""
 
 LMDEPLOY_OVERLAP = (
@@ -144,8 +156,9 @@ LIMITS = {"default_session_len": 4096, "block_size": 64}
 MTP_MEMORY = {"mtp_memory_overhead_gb": 1.0, "safe_max_memory_fraction_mtp": 0.9}
 START = {"eff_bandwidth": 0.7, "eff_decode_flops": 0.3, "decode_overhead_ms": 3.0, "decode_overhead_per_seq_ms": 0.01,
          "prefill_overhead_ms": 5.0, "prefill_overhead_per_token_us": 10.0, "draft_overhead_ms": 1.5,
-         "mtp_verify_overhead_ms": 2.0, "mtp_prefill_overhead_ms": 20.0, "eos_prob_per_token": 0.0005}
-"""Where the search starts when no profile is stored yet."""
+         "mtp_verify_overhead_ms": 2.0, "mtp_prefill_overhead_ms": 20.0, "eos_prob_per_token": 0.0005,
+         "sampling_overhead_ms": 0.0}
+"""Where the search starts when no profile is stored yet (sampling at 0: the model without the terms)."""
 
 
 def _round(value: float) -> float:
@@ -174,7 +187,7 @@ def build_profile(fitted: Mapping[str, float], acceptance: Mapping[float, Mappin
                   default_agreement: float) -> dict[str, Any]:
     """The profile JSON: architecture counted, hardware stated, step constants and acceptance as fitted. The
     ``acceptance`` section is ``default_agreement``'s level; other levels go to ``other_agreements``."""
-    steps = {**HELD_STEP, **{k: fitted[k] for k in (*STEP_BOUNDS, *OVERLAP_BOUNDS) if k in fitted}}
+    steps = {**HELD_STEP, **{k: fitted[k] for k in (*STEP_BOUNDS, *OVERLAP_BOUNDS, *SAMPLING_BOUNDS) if k in fitted}}
     data: dict[str, Any] = {
         "name": PROFILE_NAME, "calibrated": False, "notes": notes,
         "derived_from": f"architecture and mtp sections: tuning.checkpoint.footprint.footprint(PRESETS[{PRESET!r}])"
@@ -303,6 +316,20 @@ def fit_overlap_structure(base: Profile, cells: Sequence[MeasuredCell], setup: W
     return {**additive, "host_overlap": 0.0}, additive_log_rms
 
 
+def fit_sampling_structure(base: Profile, cells: Sequence[MeasuredCell], setup: WaveSetup,
+                           acceptance: Mapping[float, Mapping[str, float]], overlap: Mapping[str, float],
+                           overlap_log_rms: float, *, step_bounds: Mapping[str, tuple[float, float]] | None = None,
+                           **kw: Any) -> tuple[dict[str, float], float]:
+    """The overlap+sampling structure's constants (``step_bounds``, default all of them): searched from the
+    overlap fit with ``sampling_overhead_ms`` 0 (that fit is a point of this structure), kept only if they beat
+    it on ``cells``."""
+    steps, log_rms = fit_steps(base.replace(**overlap, sampling_overhead_ms=0.0), cells, setup, acceptance,
+                               step_bounds=step_bounds or STRUCTURES["overlap+sampling"], **kw)
+    if log_rms <= overlap_log_rms:
+        return steps, log_rms
+    return {**overlap, "sampling_overhead_ms": 0.0}, overlap_log_rms
+
+
 def summarise(checks: Sequence[CellCheck]) -> dict[str, Any]:
     with_accept = [ch for ch in checks if ch.accept_ok is not None]
     worst = sorted(checks, key=lambda ch: -abs(ch.throughput_error))[:5]
@@ -382,8 +409,8 @@ def one_run_noise(landscapes: Sequence[Mapping[str, Any]], cells: Sequence[Measu
     """How far one run moves, from the landscape's warm repeat pairs (:func:`tuning.simfit.repeat_pairs`: a cell
     measured in two leases), and from it the share of cells a model exact in expectation would put within ±10 %
     of one run (normal errors). Beside it, MTP off greedy over sampled at each output length and concurrency:
-    work the model treats as the same (it gives sampling no cost), so a ratio that stays above 1 is a cost the
-    model lacks, not noise."""
+    the same work but for the engine's sampling cost, so a ratio that stays above 1 is that cost (which the model
+    fits since :data:`SAMPLING_BOUNDS`), not noise."""
     pairs = [q for landscape in landscapes for q in repeat_pairs(landscape)[0]]
     noise = repeat_noise(pairs)
     by = {(c.output_len, c.concurrency, c.temperature): c for c in cells if not c.num_draft_tokens}
@@ -472,7 +499,7 @@ def _against_noise(r: Mapping[str, Any]) -> list[str]:
 
 
 def _structure_lines(r: Mapping[str, Any]) -> list[str]:
-    """The two step structures side by side: what chose (FIT), and the held-out result of each (the record)."""
+    """The step structures side by side: what chose (FIT), and the held-out result of each (the record)."""
     structures = r.get("structures") or {}
     if not structures:
         return []
@@ -481,21 +508,25 @@ def _structure_lines(r: Mapping[str, Any]) -> list[str]:
     def by_c(groups: Mapping[str, Any]) -> str:
         return ", ".join(f"c{c} {g['mean_error']:+.0%}" for c, g in groups.items())
 
-    lines = ["## Step structure: additive or host/GPU overlap (chosen on the FIT half)", "",
+    lines = ["## Step structure: additive, host/GPU overlap, or overlap with a sampling cost (chosen on the FIT half)", "",
              LMDEPLOY_OVERLAP, "",
              ("The structures: **additive**, a decode step of host overhead + GPU time (every earlier profile); "
               "**overlap**, `gpu + host - host_overlap x min(host, gpu)` (`orchestrator/sim/model.py`; the MTP step's "
               "parts summed over its draft passes and verification first; prefill stays a sum), `host_overlap` "
-              f"fitted in 0..1 beside the same constants, its search started at {OVERLAP_START:g}. "
+              f"fitted in 0..1 beside the same constants, its search started at {OVERLAP_START:g}; **overlap+sampling**, "
+              "the overlap structure with `sampling_overhead_ms` (host time a decode step pays when any of its "
+              "sequences samples) fitted too, searched from the overlap fit with the term at 0. "
               f"{r['structure_rule']}"),
              "",
-             ("| structure | constants fitted | `host_overlap` | FIT log-RMS | criterion | FIT ±10 % | FIT mean error by "
-              "concurrency | held-out ±10 % (median) | held-out accept ±0.15 | held-out mean error by concurrency |"),
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             ("| structure | constants fitted | `host_overlap` | `sampling_overhead_ms` | FIT log-RMS | criterion | "
+              "FIT ±10 % | FIT mean error by concurrency | held-out ±10 % (median) | held-out accept ±0.15 | held-out "
+              "mean error by concurrency |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, st in structures.items():
         fs, hs = st["fit_summary"], st["held_out_summary"]
-        lines.append(f"| {'**' + name + '** (chosen)' if name == chosen else name} | {len(STRUCTURES[name])} | "
-                     f"{st['fitted'].get('host_overlap', 0.0):g} | {st['fit_log_rms']:.4f} | {st['criterion']:.1f} | "
+        lines.append(f"| {'**' + name + '** (chosen)' if name == chosen else name} | {len(st['fitted'])} | "
+                     f"{st['fitted'].get('host_overlap', 0.0):g} | {st['fitted'].get('sampling_overhead_ms', 0.0):g} | "
+                     f"{st['fit_log_rms']:.4f} | {st['criterion']:.1f} | "
                      f"{fs['throughput_pass']}/{fs['cells']} | {by_c(st['fit_by_concurrency'])} | "
                      f"{hs['throughput_pass']}/{hs['cells']} ({hs['median_abs_throughput_error']:.0%}) | "
                      f"{hs['accept_pass']}/{hs['accept_cells']} | {by_c(st['held_out_by_concurrency'])} |")
@@ -516,7 +547,7 @@ def _structure_lines(r: Mapping[str, Any]) -> list[str]:
                   + ("the FIT half's gain carries to the held-out half." if better else
                      "the FIT half's gain does NOT carry to the held-out half; the structure stays chosen, because "
                      "choosing it by these columns would fit the held-out cells.")]
-    bounds = STRUCTURES["overlap"]
+    bounds = STRUCTURES["overlap+sampling"]
     pinned = {name: [f"`{k}` {v:g}" for k, v in st["fitted"].items() if k in bounds and v in bounds[k]]
               for name, st in structures.items()}
     lines += ["", "Constants at a bound of their search: " + "; ".join(
@@ -668,12 +699,23 @@ def _noise_note(r: Mapping[str, Any]) -> list[str]:
             f"{noise['exact_model_pass_share']:.0%} of one-run cells within ±10 %: the bar needs repeated runs per cell "
             "to be judged cell by cell.")
     if "greedy_over_sampled" in noise:
+        sampling = {k: v for k, v in r.get("fitted", {}).items() if k in SAMPLING_BOUNDS}
+        tried = (r.get("structures") or {}).get("overlap+sampling", {}).get("fitted", {})
+        if sampling:
+            has = ("costs time, which the model's sampling term stands for ("
+                   + ", ".join(f"`{k}` {v:g}" for k, v in sampling.items()) + f" as fitted; {SAMPLING_WHY})")
+        elif tried:
+            has = ("costs time the stored model does not have: the overlap+sampling structure fitted `sampling_overhead_ms` "
+                   f"{tried.get('sampling_overhead_ms', 0.0):g}, which did not lower the FIT error by more than its extra "
+                   "constant buys (above)")
+        else:
+            has = "costs time the model does not have"
         lines.append(
-            "MTP off greedy over sampled (T 0 over T 0.8), work the model treats as the same: "
+            "MTP off greedy over sampled (T 0 over T 0.8), the same work but for sampling: "
             + ", ".join(f"{k} {v:g}" for k, v in noise["greedy_over_sampled"].items())
             + f" — greedy faster in {noise['greedy_faster']} of {len(noise['greedy_over_sampled'])}, geometric mean "
             f"{noise['greedy_over_sampled_geomean']:g}: the engine's sampling work (top-k/top-p over the whole "
-            f"vocabulary) costs time the model does not have{_tpot_pair(r)}; where the sampled cell was measured before "
+            f"vocabulary) {has}{_tpot_pair(r)}; where the sampled cell was measured before "
             "the per-concurrency warm-up and the greedy one after it, the ratio holds the first pass's cost as well. "
             "These pairs are not noise (an earlier version of this fit took them for it).")
     return lines
@@ -784,7 +826,8 @@ def profile_notes(r: Mapping[str, Any]) -> str:
         "accept_log_slope and accept_depth_penalty 0: the construction's per-draft acceptance is constant) and the "
         f"step constants {', '.join(r['fitted'])} (step structure {r.get('chosen_structure', 'additive')!r}, chosen "
         "on the FIT half: host_overlap is the share of the smaller of a decode step's host and GPU parts hidden "
-        "behind the other, absent or 0 = added); held: routing_spread 1 and verify_route_novelty 1 (random router, "
+        "behind the other, absent or 0 = added; sampling_overhead_ms the host time a decode step pays when any of "
+        "its sequences samples, absent or 0 = none); held: routing_spread 1 and verify_route_novelty 1 (random router, "
         "independent tokens; issue #22's probe's expert counts agree), eff_prefill_flops 0.4. Held-out check "
         "(simulator's closed-loop benchmark vs ONE measured run per cell): throughput within ±10 % in "
         f"{held['throughput_pass']} of {held['cells']} cells (median |error| {held['median_abs_throughput_error']:.0%}, "
@@ -831,6 +874,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         atomic_write_text(args.render.with_suffix(".md"), render_md(r))
         print(f"wrote {args.render} and {args.render.with_suffix('.md')}")
         if args.write_profile:  # the stored result's constants, with notes from the current code
+            r["profile_written"] = True
+            atomic_write_text(args.render, json.dumps(r, indent=1) + "\n")
+            atomic_write_text(args.render.with_suffix(".md"), render_md(r))
             acceptance = {float(a): v for a, v in r["acceptance"].items()}
             data = build_profile(r["fitted"], acceptance, profile_notes(r), r["default_agreement"])
             atomic_write_text(args.profile, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
@@ -865,10 +911,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(f"structure 'overlap' (host_overlap fitted, search from {OVERLAP_START}):")
     overlap, overlap_rms = fit_overlap_structure(base, fit_cells, setup, acceptance, additive, additive_rms, **kw)
     say(f"  {overlap} (FIT log-RMS {overlap_rms:.4f})")
-    fits = {"additive": (additive, additive_rms), "overlap": (overlap, overlap_rms)}
+    say("structure 'overlap+sampling' (sampling_overhead_ms fitted, search from the overlap fit):")
+    sampling, sampling_rms = fit_sampling_structure(base, fit_cells, setup, acceptance, overlap, overlap_rms, **kw)
+    say(f"  {sampling} (FIT log-RMS {sampling_rms:.4f})")
+    fits = {"additive": (additive, additive_rms), "overlap": (overlap, overlap_rms),
+            "overlap+sampling": (sampling, sampling_rms)}
     chosen, criteria = choose_structure({k: v[1] for k, v in fits.items()}, len(fit_cells))
     say(f"chosen on FIT: {chosen!r} (criterion {criteria}; lower is better)")
-    print("checking every cell under both structures ...", flush=True)
+    print("checking every cell under every structure ...", flush=True)
     structures = {name: structure_report(Profile.from_dict(build_profile(st, acceptance, "", default_agreement)),
                                          cells, setup, st, rms, criteria[name])
                   for name, (st, rms) in fits.items()}

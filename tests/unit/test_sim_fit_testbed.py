@@ -62,7 +62,7 @@ def test_the_split_holds_out_concurrency_4_and_64_and_every_mtp2_cell(n, c, held
 def test_the_committed_landscape_splits_into_fit_and_held_out_as_the_result_says():
     held = {name for name, c in CELLS.items() if c.held_out}
     assert len(RESULT["measurements"]) == 1 and Path(ROOT / RESULT["measurements"][0]) == testbed.MEASUREMENT
-    assert len(CELLS) == 180 and len(held) == 96 == RESULT["held_out_cells"]
+    assert len(CELLS) == 260 and len(held) == 140 == RESULT["held_out_cells"]
     assert held == {e["cell"] for e in RESULT["held_out"]}
     assert set(CELLS) - held == {e["cell"] for e in RESULT["fit"]}
     assert RESULT["split_rule"] == testbed.TESTBED_SPLIT.rule
@@ -154,8 +154,9 @@ def test_the_profile_is_listed_loads_and_simulates_more_tokens_per_step_with_mtp
     off, mtp = simulate_workload(PROFILE, 0, **kw), simulate_workload(PROFILE, 2, **kw)
     assert off.completed == mtp.completed == 32 and off.accept_length in (None, 1.0)
     assert 1.5 < mtp.accept_length < 3.0
-    with pytest.raises(SimFitError, match="no acceptance for agreement 0.5"):
-        testbed.at_agreement(PROFILE, 0.5)  # a level no landscape measured yet
+    assert testbed.at_agreement(PROFILE, 0.5).accept_p0 < testbed.at_agreement(PROFILE, 0.9).accept_p0
+    with pytest.raises(SimFitError, match="no acceptance for agreement 0.6"):
+        testbed.at_agreement(PROFILE, 0.6)  # a level no landscape measured
 
 
 def test_the_stored_profile_holds_the_fitted_constants_the_result_claims():
@@ -268,6 +269,8 @@ def test_the_stored_result_chose_what_its_fit_errors_choose_and_the_profile_hold
     assert RESULT["fitted"] == structures[chosen]["fitted"]
     assert RESULT["held_out_summary"] == structures[chosen]["held_out_summary"]
     assert PROFILE.host_overlap == structures[chosen]["fitted"].get("host_overlap", 0.0)
+    assert PROFILE.sampling_overhead_ms == structures[chosen]["fitted"].get("sampling_overhead_ms", 0.0)
+    assert all(structures[k]["fit_log_rms"] >= structures["overlap+sampling"]["fit_log_rms"] for k in structures)
     assert structures["additive"]["fitted"].get("host_overlap", 0.0) == 0.0
     md = (ROOT / RESULT["results_md"]).read_text()
     assert f"**{chosen}** (chosen)" in md and "FIT log-RMS" in md
@@ -310,3 +313,36 @@ def test_one_runs_noise_comes_from_warm_repeats_not_from_greedy_against_sampled(
     assert noise["greedy_over_sampled"] == {"o512 c4": 1.25, "o512 c64": 1.25} and noise["greedy_faster"] == 2
     assert 0 < noise["exact_model_pass_share"] < 1
     assert "one_run_log_sigma" not in testbed.one_run_noise([_landscape(*cells)], [])  # no repeat: no noise claimed
+
+
+def test_a_landscape_whose_sampled_steps_cost_more_chooses_the_sampling_term_on_fit_cells():
+    """The sampling term is searched from the overlap fit (a point of its structure, term 0) and kept only if it
+    fits the FIT cells better; on cells made with a sampling cost it finds it and wins the criterion, on cells
+    made without one it stays the overlap fit."""
+    setup = WaveSetup(input_len=512, memory_fraction=0.5, max_batch_size=256, session_len=1088, max_prefill_tokens=8192)
+    names = ("decode_overhead_ms", "eff_bandwidth")
+    kw = {"min_rel_step": 0.02, "progress": lambda m: None}
+    overlap_bounds = {**{k: testbed.STEP_BOUNDS[k] for k in names}, **testbed.OVERLAP_BOUNDS}
+
+    def fit(truth: Profile) -> tuple[dict, float, dict, float, int]:
+        cells = landscape_cells([_synthetic_landscape(truth, setup)], testbed.TESTBED_SPLIT)
+        fit_cells = [c for c in cells if not c.held_out]
+        start = PROFILE.replace(decode_overhead_ms=4.0, eff_bandwidth=0.9, host_overlap=testbed.OVERLAP_START)
+        acceptance, _ = testbed.fit_acceptance_levels(start, fit_cells, progress=lambda m: None)
+        overlap, overlap_rms = testbed.fit_steps(start, fit_cells, setup, acceptance, step_bounds=overlap_bounds, **kw)
+        sampling, sampling_rms = testbed.fit_sampling_structure(
+            start, fit_cells, setup, acceptance, overlap, overlap_rms,
+            step_bounds={**overlap_bounds, **testbed.SAMPLING_BOUNDS}, **kw)
+        return overlap, overlap_rms, sampling, sampling_rms, len(fit_cells)
+
+    base = PROFILE.replace(accept_p0=0.8, accept_temperature_slope=3.0, decode_overhead_ms=3.0, eff_bandwidth=0.6,
+                           host_overlap=0.5)
+    overlap, overlap_rms, sampling, sampling_rms, n = fit(base.replace(sampling_overhead_ms=1.5))
+    assert sampling["sampling_overhead_ms"] > 0.75 and sampling_rms < overlap_rms
+    structures = {"overlap": overlap_bounds, "overlap+sampling": {**overlap_bounds, **testbed.SAMPLING_BOUNDS}}
+    assert testbed.choose_structure({"overlap": overlap_rms, "overlap+sampling": sampling_rms}, n,
+                                    structures)[0] == "overlap+sampling"
+    overlap, overlap_rms, sampling, sampling_rms, n = fit(base)
+    assert sampling["sampling_overhead_ms"] < 0.2
+    assert testbed.choose_structure({"overlap": overlap_rms, "overlap+sampling": max(sampling_rms, 1e-6)}, n,
+                                    structures)[0] == "overlap"
