@@ -309,11 +309,8 @@ def fit_overlap_structure(base: Profile, cells: Sequence[MeasuredCell], setup: W
     """The overlap structure's constants: searched from :data:`OVERLAP_START` with the other constants at
     ``base``'s start, kept only if they beat the additive fit on ``cells``, which is itself a point of this
     structure (``host_overlap`` 0): a local search that ends worse found less, not a worse structure."""
-    steps, log_rms = fit_steps(base.replace(host_overlap=OVERLAP_START), cells, setup, acceptance,
-                               step_bounds=STRUCTURES["overlap"], **kw)
-    if log_rms <= additive_log_rms:
-        return steps, log_rms
-    return {**additive, "host_overlap": 0.0}, additive_log_rms
+    return _nested_fit(base.replace(host_overlap=OVERLAP_START), cells, setup, acceptance, STRUCTURES["overlap"],
+                       additive, additive_log_rms, "host_overlap", **kw)
 
 
 def fit_sampling_structure(base: Profile, cells: Sequence[MeasuredCell], setup: WaveSetup,
@@ -323,11 +320,21 @@ def fit_sampling_structure(base: Profile, cells: Sequence[MeasuredCell], setup: 
     """The overlap+sampling structure's constants (``step_bounds``, default all of them): searched from the
     overlap fit with ``sampling_overhead_ms`` 0 (that fit is a point of this structure), kept only if they beat
     it on ``cells``."""
-    steps, log_rms = fit_steps(base.replace(**overlap, sampling_overhead_ms=0.0), cells, setup, acceptance,
-                               step_bounds=step_bounds or STRUCTURES["overlap+sampling"], **kw)
-    if log_rms <= overlap_log_rms:
+    return _nested_fit(base.replace(**overlap, sampling_overhead_ms=0.0), cells, setup, acceptance,
+                       step_bounds or STRUCTURES["overlap+sampling"], overlap, overlap_log_rms, "sampling_overhead_ms",
+                       **kw)
+
+
+def _nested_fit(start: Profile, cells: Sequence[MeasuredCell], setup: WaveSetup,
+                acceptance: Mapping[float, Mapping[str, float]], bounds: Mapping[str, tuple[float, float]],
+                parent: Mapping[str, float], parent_log_rms: float, new_constant: str,
+                **kw: Any) -> tuple[dict[str, float], float]:
+    """A structure that adds ``new_constant`` to ``parent``'s: ``bounds`` searched from ``start``; the parent
+    fit is this structure's point with ``new_constant`` 0, so a search that ends worse returns that point."""
+    steps, log_rms = fit_steps(start, cells, setup, acceptance, step_bounds=bounds, **kw)
+    if log_rms <= parent_log_rms:
         return steps, log_rms
-    return {**overlap, "sampling_overhead_ms": 0.0}, overlap_log_rms
+    return {**parent, new_constant: 0.0}, parent_log_rms
 
 
 def summarise(checks: Sequence[CellCheck]) -> dict[str, Any]:
@@ -870,13 +877,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             chosen = r["structures"][r["chosen_structure"]]
             r["fit_summary"], r["held_out_summary"] = chosen["fit_summary"], chosen["held_out_summary"]
         r["findings"] = findings(r, r["facts"])
+        r["profile_written"] = r.get("profile_written", False) or args.write_profile
         atomic_write_text(args.render, json.dumps(r, indent=1) + "\n")
         atomic_write_text(args.render.with_suffix(".md"), render_md(r))
         print(f"wrote {args.render} and {args.render.with_suffix('.md')}")
         if args.write_profile:  # the stored result's constants, with notes from the current code
-            r["profile_written"] = True
-            atomic_write_text(args.render, json.dumps(r, indent=1) + "\n")
-            atomic_write_text(args.render.with_suffix(".md"), render_md(r))
             acceptance = {float(a): v for a, v in r["acceptance"].items()}
             data = build_profile(r["fitted"], acceptance, profile_notes(r), r["default_agreement"])
             atomic_write_text(args.profile, json.dumps(data, indent=2, ensure_ascii=False) + "\n")

@@ -201,13 +201,14 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                 measure_cell(proc.base_url, cfg, tokenizer, o=max(a.output_len), t=t, c=min(64, max(a.concurrency)), a=a)
             for c in dict.fromkeys(c for _, _, c in todo):  # every batch shape once, short, unmeasured
                 measure_cell(proc.base_url, cfg, tokenizer, o=a.warmup_output_len, t=todo[0][1], c=c, a=a)
+            start_tokens = prediction_start_tokens(ckpt) if eng["draft_tokens"] else None
             for o, t, c in todo:
                 r = measure_cell(proc.base_url, cfg, tokenizer, o=o, t=t, c=c, a=a)
                 state["cells"][cell_key(eng["name"], o, t, c)] = {
                     "engine": eng["name"], "agreement": None if eng["draft_tokens"] == 0 else eng["agreement"],
                     "draft_tokens": eng["draft_tokens"], "output_len": o, "temperature": t, "concurrency": c,
                     "predicted_accept_length": predicted(ckpt, eng["draft_tokens"], t),
-                    "prediction_start_tokens": prediction_start_tokens(ckpt) if eng["draft_tokens"] else None,
+                    "prediction_start_tokens": start_tokens,
                     "warmup": WARMUP, **r}
                 save()
                 log(f"{eng['name']} out {o} T {t:g} c {c}: {r['output_throughput']:.0f} tok/s, accept "
