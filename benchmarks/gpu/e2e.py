@@ -354,7 +354,9 @@ def mixed_requests(buckets: Sequence[Any], tokenizer: Any, seed: int = 0) -> lis
     return reqs
 
 
-async def _closed_loop(url: str, model: str, reqs: list[tuple[str, int]], concurrency: int) -> dict[str, Any]:
+async def _closed_loop(url: str, model: str, reqs: Sequence[tuple[str, int] | tuple[str, int, float]],
+                       concurrency: int) -> dict[str, Any]:
+    """``reqs`` (prompt, max_tokens[, temperature: 0 when absent]) in a closed loop of ``concurrency``."""
     import aiohttp
 
     queue = list(reversed(reqs))
@@ -363,8 +365,9 @@ async def _closed_loop(url: str, model: str, reqs: list[tuple[str, int]], concur
         async def worker() -> None:
             nonlocal tokens, errors, done
             while queue:
-                prompt, max_tokens = queue.pop()
-                body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                prompt, max_tokens, *rest = queue.pop()
+                temperature = float(rest[0]) if rest else 0.0
+                body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
                         "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
                 try:
                     async with s.post(url + "/v1/completions", json=body) as r:

@@ -2,12 +2,20 @@
 the sweep commit the same answer twice, within 3 % on the mix?
 
 Both sweeps run the same space on the same GPU (``--share-gpu``, ``--repeats`` rounds, so every
-compared figure has an interval and co-resident configs take turns round by round) with different
-search seeds and run dirs. Then both committed tables are deployed side by side as two Serve apps
-(``/a`` and ``/b``, engines sharing the GPU; an idle neighbour showed no detectable effect), warmed up
-with one unmeasured pass of the mix, and measured in alternating order for ``--rounds`` rounds (a, b;
-b, a; ...): the mix is every bucket's sweep workload, shuffled, in one closed loop at the sweeps'
-concurrency. The result is the per-round ratio b / a with its 95 % CI, and each table's choices.
+compared figure has an interval and co-resident configs take turns round by round; the baselines run
+alone) with different search seeds and run dirs, over the buckets, the sampling temperatures and the
+stated traffic mix (``--traffic-mix``), so a table may give a sampling band its own config. Then both
+committed tables are deployed side by side as two Serve apps (``/a`` and ``/b``, every engine at
+``--serve-memory-fraction`` so both fit one GPU; an idle neighbour showed no detectable effect), warmed
+up with one unmeasured pass of the mix, and measured in alternating order for ``--rounds`` rounds (a,
+b; b, a; ...): the mix is the stated mix's classes (each class's share of ``--mix-requests`` requests,
+drawn from its bucket's sweep workload, at the class's temperature), shuffled, in one closed loop at
+the sweeps' concurrency, so each table's router picks its cell per request. The result is the
+per-round ratio b / a with its 95 % CI, and each table's choices.
+
+The sweeps and the side-by-side part need not share a lease: ``--reuse --work DIR`` keeps every
+``DIR/sweep-<tag>/`` that holds ``routing_table.json`` and ``sweep.json`` (the collect step copies both
+out), so a later lease re-measures committed tables (on that lease's checkpoint, same recipe).
 
     python benchmarks/gpu/measure_reproducibility.py --ckpt /root/ckpt --out $OUT        # on the GPU machine
     python benchmarks/gpu/measure_reproducibility.py --sim --out /tmp/repro              # dry run, simulated
@@ -27,6 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e2e  # noqa: E402  (the e2e run's Ray cluster, sweep command, deploy and mixed-load helpers)
 from e2e import HTTP_PORT, log  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from mixed_payoff import with_memory_fraction  # noqa: E402
+
 from orchestrator import table as routing  # noqa: E402
 from tuning.stats import mean_confidence_interval  # noqa: E402
 
@@ -42,6 +53,9 @@ def sweep(tag: str, a: argparse.Namespace) -> dict[str, Any]:
     cmd = e2e.sweep_cmd(a, run_dir, sweep_id=f"repro-{tag}", num_trials=a.num_trials, share=True,
                         time_budget_s=a.time_budget_s)
     cmd[cmd.index("--seed") + 1] = str(SEEDS[tag])
+    cmd += ["--temperatures", a.temperatures, "--traffic-mix", a.traffic_mix]
+    if a.burn_in_s is not None and not a.sim:
+        cmd += ["--burn-in-s", f"{a.burn_in_s:g}"]
     t = time.monotonic()
     proc = e2e.run(cmd, timeout=a.sweep_timeout_s, check=False, log_to=Path(a.out) / f"sweep_{tag}.log")
     out = {"run_dir": str(run_dir), "rc": proc.returncode, "wall_s": round(time.monotonic() - t, 1), "command": " ".join(cmd)}
@@ -52,6 +66,11 @@ def sweep(tag: str, a: argparse.Namespace) -> dict[str, Any]:
 
 
 def deploy(tag: str, table_path: Path, a: argparse.Namespace) -> dict[str, Any]:
+    if not a.sim:  # every engine small enough that both apps are resident on the GPU at once
+        served = Path(a.work) / f"table_{tag}_served.json"
+        served.write_text(json.dumps(with_memory_fraction(json.loads(table_path.read_text()),
+                                                          a.serve_memory_fraction), indent=1))
+        table_path = served
     cmd = e2e.deploy_cmd(table_path, share=not a.sim, log_dir=Path(a.work) / f"serve-logs-{tag}", sim=a.sim)
     cmd[cmd.index("--app-name") + 1] = f"repro-{tag}"
     cmd += ["--route-prefix", f"/{tag}"]
@@ -59,7 +78,29 @@ def deploy(tag: str, table_path: Path, a: argparse.Namespace) -> dict[str, Any]:
     return {"rc": proc.returncode, "command": " ".join(cmd)}
 
 
-def mixed(tag: str, reqs: list[tuple[str, int]], concurrency: int) -> dict[str, Any]:
+def mix_requests(buckets: list[Any], mix: Any, tokenizer: Any, total: int, seed: int = 0) -> list[tuple[str, int, float]]:
+    """The stated mix as requests: each class's share of ``total`` (at least one), drawn in turn from the
+    sweep workload of the bucket its ``max_tokens`` falls in (lengths capped at ``max_tokens``), at the
+    class's temperature; shuffled."""
+    import random
+
+    from tuning.workload import build_requests
+
+    pools = {b.name: build_requests(b.workload_at(b.primary_concurrency), tokenizer) for b in buckets}
+    total_share = sum(c.share for c in mix.classes)
+    reqs: list[tuple[str, int, float]] = []
+    for i, c in enumerate(mix.classes):
+        share = c.share / total_share
+        bucket = next((b for b in buckets if c.max_tokens <= b.max_output_len), buckets[-1])
+        pool = pools[bucket.name]
+        for k in range(max(1, round(share * total))):
+            r = pool[(k + i) % len(pool)]
+            reqs.append((r.prompt, min(r.output_len, c.max_tokens), mix.temperature_of(c)))
+    random.Random(seed).shuffle(reqs)
+    return reqs
+
+
+def mixed(tag: str, reqs: list[tuple[str, int, float]], concurrency: int) -> dict[str, Any]:
     import asyncio
 
     import openai
@@ -84,21 +125,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reuse", action="store_true", help="keep a sweep whose table is already in --work (a later call)")
     p.add_argument("--buckets", default="256,1024")
     p.add_argument("--concurrency", type=int, default=64)
-    p.add_argument("--num-prompts", type=int, default=128)
-    p.add_argument("--num-trials", type=int, default=6)
-    p.add_argument("--repeats", type=int, default=3, help="rounds per bucket in each sweep (intervals need >= 2)")
-    p.add_argument("--draft-tokens", default="1,2,3,4")
+    p.add_argument("--temperatures", default="0,0.8", help="sampling temperatures each sweep measures")
+    p.add_argument("--traffic-mix", default=str(Path(__file__).with_name("payoff_mix_test_ckpt.yaml")),
+                   help="the stated mix: the sweeps' table-pays prediction and the side-by-side workload")
+    p.add_argument("--mix-requests", type=int, default=128, help="requests in one pass of the mix")
+    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--num-trials", type=int, default=2,
+                   help="trials per sweep, the two baselines (MTP off, MTP-4) included")
+    p.add_argument("--repeats", type=int, default=2,
+                   help="rounds per bucket in each sweep (>= 2; configs are compared at the noise pooled "
+                        "over the sweep's measurements)")
+    p.add_argument("--burn-in-s", type=float, default=30, help="each engine's burn-in in the sweeps")
+    p.add_argument("--draft-tokens", default="4")
     p.add_argument("--memory-fractions", default="0.06")
     p.add_argument("--max-batch-size", type=int, default=64)
     p.add_argument("--session-len", type=int, default=4096)
     p.add_argument("--serve-gpus", type=int, default=None)
+    p.add_argument("--serve-memory-fraction", type=float, default=0.02,
+                   help="every served engine's memory fraction in the side-by-side part (both tables resident)")
     p.add_argument("--time-budget-s", type=float, default=900, help="per sweep: no trial starts its engine after it")
     p.add_argument("--sweep-timeout-s", type=float, default=1500)
     p.add_argument("--rounds", type=int, default=6, help="side-by-side rounds of the mix (alternating order)")
     p.add_argument("--num-cpus", type=int, default=8)
     a = p.parse_args(argv)
     from tuning.buckets import Bucket
+    from tuning.traffic import load_mix
     from tuning.workload import load_tokenizer
+
+    mix = load_mix(a.traffic_mix)  # a bad mix fails here, before any engine starts
 
     out_dir, work = Path(a.out), Path(a.work)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -124,7 +178,10 @@ def main(argv: list[str] | None = None) -> int:
         result["same_configs"] = set(tables["a"].distinct_configs()) == set(tables["b"].distinct_configs())
         spec = json.loads((work / "sweep-a" / "sweep.json").read_text())
         buckets = [Bucket.from_dict(b) for b in spec["buckets"]]
-        reqs = e2e.mixed_requests(buckets, load_tokenizer(None if a.sim else a.ckpt))
+        reqs = mix_requests(buckets, mix, load_tokenizer(None if a.sim else a.ckpt), a.mix_requests)
+        result["mix_requests"] = {"requests": len(reqs), "output_tokens": sum(r[1] for r in reqs),
+                                  "by_temperature": {f"{t:g}": sum(1 for r in reqs if r[2] == t)
+                                                     for t in sorted({r[2] for r in reqs})}}
         for tag in SEEDS:
             result[f"deploy_{tag}"] = deploy(tag, paths[tag], a)
             if result[f"deploy_{tag}"]["rc"] != 0:

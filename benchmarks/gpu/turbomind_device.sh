@@ -36,11 +36,15 @@
 #       on the trained checkpoint (greedy equality token for token, partings checked for near-ties), then
 #       benchmarks/gpu/serve_engines.py (a table mixing TurboMind and PyTorch MTP-2 served through Ray Serve)
 #   then, until it says done:  OUT=$OUT bash benchmarks/gpu/turbomind_device.sh serve-collect
-# Two independent sweeps and their tables side by side (issue #22 item 2), after t1 (with training) and t2:
+# Two independent sweeps and their tables side by side (issue #22 item 2), after t1 (with training) and t3:
+#   carry [".stage/t2"]: OUT=$OUT bash benchmarks/gpu/turbomind_device.sh repro-install
 #   carry [".stage/r1"]: OUT=$OUT bash benchmarks/gpu/turbomind_device.sh repro [ARGS...]
 #       installs Ray and Optuna, waits for the trained weights, starts measure_reproducibility.py in the
-#       background (ARGS go to it; --reuse in a later lease keeps sweeps already done)
+#       background (ARGS go to it: two sweeps of MTP off / MTP-4 over buckets 256 and 1024, T 0 and 0.8,
+#       64 in flight, ~10 min each, then both tables side by side, ~7 min)
 #   then, until it says done:  OUT=$OUT bash benchmarks/gpu/turbomind_device.sh repro-collect
+#   (copies each finished sweep's routing_table.json and sweep.json to $OUT/work/sweep-<tag>/: a later lease
+#   re-measures them side by side with ARGS "--reuse --work <that folder, committed>")
 # Does a table pay on the H200 (issue #18 item 6), after t1 (with training):
 #   carry [".stage/t3"]: bash .stage/t3/install_part.sh
 #   carry [".stage/t2"]: source benchmarks/gpu/device_env.sh && install_part2
@@ -181,9 +185,16 @@ case $STEP in
       touch /root/tm/serve/done" > /root/tm/serve/job.log 2>&1 < /dev/null &
     sleep 5; echo "serve job started"
     ;;
+  repro-install)
+    install_part2 || exit 1
+    python3 -c "import lmdeploy, flash_attn_interface, fla; print('lmdeploy', lmdeploy.__version__)" || exit 1
+    ;;
   repro)
-    ray_job_ready /root/tm/repro "ray.serve, ray.tune, optuna, lmdeploy"
+    ray_job_ready /root/tm/repro "ray.serve, ray.tune, optuna, lmdeploy, pandas"
+    python3 benchmarks/gpu/measure_mtp.py --versions > /root/tm/repro/versions.json 2>&1
     shift
+    W=/root/tm/repro-work; for x in "$@"; do [ "${prev:-}" = --work ] && W=$x; prev=$x; done
+    echo "$W" > /root/tm/repro/work_dir
     setsid nohup bash -c "source benchmarks/gpu/device_env.sh; source /root/tm/env.sh;
       python3 benchmarks/gpu/measure_reproducibility.py --ckpt /root/ckpt --out /root/tm/repro --work /root/tm/repro-work $* \
         > /root/tm/repro/repro.log 2>&1; touch /root/tm/repro/done" > /dev/null 2>&1 < /dev/null &
@@ -220,6 +231,11 @@ case $STEP in
     grep "\[e2e" /root/tm/repro/repro.log 2>/dev/null | grep -v '\$ ' | tail -6
     [ -f /root/tm/repro/done ] && echo "REPRO DONE" || echo "reproducibility job still running"
     cp /root/tm/repro/*.json /root/tm/repro/*.log /root/tm/repro/*.tgz "$OUT/" 2>/dev/null
+    W=$(cat /root/tm/repro/work_dir 2>/dev/null)
+    for t in a b; do
+      [ -f "$W/sweep-$t/routing_table.json" ] && mkdir -p "$OUT/work/sweep-$t" && \
+        cp "$W/sweep-$t/routing_table.json" "$W/sweep-$t/sweep.json" "$OUT/work/sweep-$t/" 2>/dev/null
+    done
     ;;
   serve-collect)
     wait_done /root/tm/serve/done
