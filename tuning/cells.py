@@ -115,20 +115,37 @@ def choose_cells(measurements: Iterable[CellMeasurement], *, primary_band: str, 
                 continue
             b, c = best.figures(level), here[current].figures(level)
             assert b.output_throughput_ci is not None and c.output_throughput_ci is not None
-            beyond = (noise.ratio_interval(best.throughputs, here[current].throughputs, level)[1] > 1.0
-                      if noise is not None else b.output_throughput_ci[0] > c.output_throughput_ci[1])
+            ratio = (noise.ratio_interval(best.throughputs, here[current].throughputs, level)
+                     if noise is not None else None)
+            beyond = ratio[1] > 1.0 if ratio is not None else b.output_throughput_ci[0] > c.output_throughput_ci[1]
             if beyond and b.output_throughput > c.output_throughput * (1.0 + min_gain):
                 primary_here = here.get(primary.engine_key)
                 chosen.append(Cell(sampling=band, min_in_flight=1 if in_flight == lowest else in_flight,
                                    config=dict(best.config), figures=b,
                                    primary_figures=primary_here.figures(level) if primary_here else None))
             else:
+                why = (_unshown(noise, ratio, level) if noise is not None and ratio is not None and not beyond
+                       else f"not shown above it, or gain <= {min_gain:.0%}")
                 notes.append(f"{band}@{in_flight}: {best.engine_key} {b.output_throughput:.0f} tok/s vs "
-                             f"{current} {c.output_throughput:.0f} tok/s, within noise (not shown above it, or gain "
-                             f"<= {min_gain:.0%}): kept {current}")
+                             f"{current} {c.output_throughput:.0f} tok/s, within noise ({why}): kept {current}")
         out[bucket] = BucketChoice(bucket, primary.engine_key, primary.config, primary.figures(level), tuple(chosen),
                                    tuple(notes))
     return out
+
+
+def _unshown(noise: PooledNoise, ratio: tuple[float, float, float], level: float, power: float = 0.8,
+             max_rounds: int = 1000) -> str:
+    """Why a ratio at the pooled noise was not shown, and the rounds per config that would show a true gap
+    of its size (:meth:`PooledNoise.rounds_to_separate`): "within noise" is "not shown", not "the same"."""
+    r, low, high = ratio
+    said = f"{r:.2f}x, {round(level * 100, 6):g} % {low:.2f}-{high:.2f}"
+    if r == 1.0:
+        return f"{said}; no gap measured to size more rounds for"
+    rounds = noise.rounds_to_separate(r, level, power, max_rounds=max_rounds)
+    at = f"at {round(power * 100, 6):g} % power"
+    if rounds is None:
+        return f"{said}; telling a gap this size apart {at} would take more than {max_rounds} rounds per config"
+    return f"{said}; ~{rounds} rounds per config would tell a gap this size apart {at}"
 
 
 def mix_parts(token_shares: Mapping[tuple[str, str], float],

@@ -190,3 +190,31 @@ def test_two_rounds_a_cell_get_their_cell_only_at_the_noise_pooled_over_the_swee
     assert pooled.primary_key == KEY[4]
     assert [(c.sampling, c.min_in_flight, c.engine_config().key()) for c in pooled.cells] == [("sampled", 1, KEY[0])]
     assert pooled.key_for("sampled", 64) == KEY[0] and pooled.key_for("greedy", 64) == KEY[4]
+
+
+def test_a_within_noise_note_at_the_pooled_noise_names_the_rounds_that_would_tell():
+    """The H200 case: two rounds a config, MTP off measured 1.06x MTP-4 on sampled requests at a log sd of
+    0.11 over 8 df. Not shown, so MTP-4 keeps the cell, and the note says how many rounds per config would
+    tell a gap of that size apart (73 at 80 % power), not only "within noise". A gain shown at the noise but
+    under ``min_gain`` keeps the old wording."""
+    import re
+
+    from tuning.stats import PooledNoise
+
+    noise = PooledNoise(0.11, 8)
+    two = [_m(4, "greedy", 16, 6000, 6100), _m(0, "greedy", 16, 3000, 3050),
+           _m(4, "sampled", 16, 2000, 2040), _m(0, "sampled", 16, 2100, 2183)]
+    choice = choose_cells(two, primary_band="greedy", primary_in_flight=16, noise=noise)["le1024"]
+    assert choice.primary_key == KEY[4] and choice.cells == ()
+    (note,) = choice.notes
+    ratio, low, high = noise.ratio_interval([2100, 2183], [2000, 2040])
+    rounds = noise.rounds_to_separate(ratio)
+    assert rounds == 73 and f"{ratio:.2f}x" == "1.06x"
+    assert note.startswith("sampled@16: ") and "within noise" in note and note.endswith(f": kept {KEY[4]}")
+    assert f"({ratio:.2f}x, 95 % {low:.2f}-{high:.2f}; ~{rounds} rounds per config" in note
+    assert re.search(r"~73 rounds per config would tell a gap this size apart at 80 % power\)", note)
+    # Shown at the pooled noise (1.5x) but under a 60 % floor: the gain, not the noise, kept it.
+    shown = [*two[:2], _m(4, "sampled", 16, 2000, 2040), _m(0, "sampled", 16, 3000, 3060)]
+    floor = choose_cells(shown, primary_band="greedy", primary_in_flight=16, noise=noise, min_gain=0.6)["le1024"]
+    assert floor.cells == () and "(not shown above it, or gain <= 60%)" in floor.notes[0]
+    assert "rounds per config" not in floor.notes[0]
