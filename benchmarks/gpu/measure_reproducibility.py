@@ -7,11 +7,13 @@ alone) with different search seeds and run dirs, over the buckets, the sampling 
 stated traffic mix (``--traffic-mix``), so a table may give a sampling band its own config. Then both
 committed tables are deployed side by side as two Serve apps (``/a`` and ``/b``, every engine at
 ``--serve-memory-fraction`` so both fit one GPU; an idle neighbour showed no detectable effect), warmed
-up with one unmeasured pass of the mix, and measured in alternating order for ``--rounds`` rounds (a,
-b; b, a; ...): the mix is the stated mix's classes (each class's share of ``--mix-requests`` requests,
-drawn from its bucket's sweep workload, at the class's temperature), shuffled, in one closed loop at
-the sweeps' concurrency, so each table's router picks its cell per request. The result is the
-per-round ratio b / a with its 95 % CI, and each table's choices.
+up by driving the mix unmeasured for ``--warm-up-s`` (a fresh engine's first full-length and first
+sampled batches run slow; one short pass leaves that in the first rounds), and measured in alternating
+order for ``--rounds`` rounds (a, b; b, a; ...): the mix is the stated mix's classes (each class's share
+of ``--mix-requests`` requests, drawn from its bucket's sweep workload, at the class's temperature),
+shuffled, in one closed loop at the sweeps' concurrency, so each table's router picks its cell per
+request. The result is the per-round ratio b / a with its 95 % CI, each table's choices and the routes
+where the two tables differ.
 
 The sweeps and the side-by-side part need not share a lease: ``--reuse --work DIR`` keeps every
 ``DIR/sweep-<tag>/`` that holds ``routing_table.json`` and ``sweep.json`` (the collect step copies both
@@ -28,6 +30,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -40,6 +43,7 @@ from mixed_payoff import with_memory_fraction  # noqa: E402
 
 from orchestrator import table as routing  # noqa: E402
 from tuning.stats import mean_confidence_interval  # noqa: E402
+from tuning.traffic import TrafficMix  # noqa: E402
 
 SEEDS = {"a": 0, "b": 1}
 GOAL = 0.03
@@ -78,7 +82,8 @@ def deploy(tag: str, table_path: Path, a: argparse.Namespace) -> dict[str, Any]:
     return {"rc": proc.returncode, "command": " ".join(cmd)}
 
 
-def mix_requests(buckets: list[Any], mix: Any, tokenizer: Any, total: int, seed: int = 0) -> list[tuple[str, int, float]]:
+def mix_requests(buckets: Sequence[Any], mix: TrafficMix, tokenizer: Any, total: int,
+                 seed: int = 0) -> list[tuple[str, int, float]]:
     """The stated mix as requests: each class's share of ``total`` (at least one), drawn in turn from the
     sweep workload of the bucket its ``max_tokens`` falls in (lengths capped at ``max_tokens``), at the
     class's temperature; shuffled."""
@@ -108,6 +113,20 @@ def mixed(tag: str, reqs: list[tuple[str, int, float]], concurrency: int) -> dic
     base = f"http://127.0.0.1:{HTTP_PORT}/{tag}"
     model = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0).models.list().data[0].id
     return asyncio.run(e2e._closed_loop(base, model, reqs, concurrency))
+
+
+def routes(table: routing.RoutingTable, in_flight: Sequence[int]) -> dict[str, str]:
+    """Where ``table`` sends a request of each bucket x sampling band at each of ``in_flight`` requests in
+    flight per replica (cells, else the bucket's config): what two tables must agree on to make the same
+    choices (the set of configs can match while the routing differs). Load variants are not read (these
+    sweeps write none)."""
+    return {f"{b.name} {band.name}@{n}": (b.cell_for(band.name, n) or b).engine_config().label()
+            for b in table.buckets for band in table.sampling_bands for n in in_flight}
+
+
+def route_differences(a: Mapping[str, str], b: Mapping[str, str]) -> list[str]:
+    """The routes of two tables that differ, as ``"<route>: <a's config> vs <b's>"``."""
+    return [f"{k}: {a.get(k)} vs {b.get(k)}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
 def choices(table: routing.RoutingTable) -> dict[str, Any]:
@@ -146,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--time-budget-s", type=float, default=900, help="per sweep: no trial starts its engine after it")
     p.add_argument("--sweep-timeout-s", type=float, default=1500)
     p.add_argument("--rounds", type=int, default=6, help="side-by-side rounds of the mix (alternating order)")
+    p.add_argument("--warm-up-s", type=float, default=60,
+                   help="each app drives the mix unmeasured for this long before the rounds (one pass at least)")
     p.add_argument("--num-cpus", type=int, default=8)
     a = p.parse_args(argv)
     from tuning.buckets import Bucket
@@ -176,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         tables = {tag: routing.load(p) for tag, p in paths.items()}
         result["choices"] = {tag: choices(t) for tag, t in tables.items()}
         result["same_configs"] = set(tables["a"].distinct_configs()) == set(tables["b"].distinct_configs())
+        levels = sorted({1, a.concurrency})
+        result["route_differences"] = route_differences(*(routes(tables[t], levels) for t in SEEDS))
+        result["same_routing"] = not result["route_differences"]
+        log(f"same configs: {result['same_configs']}; routes that differ: {result['route_differences'] or 'none'}")
         spec = json.loads((work / "sweep-a" / "sweep.json").read_text())
         buckets = [Bucket.from_dict(b) for b in spec["buckets"]]
         reqs = mix_requests(buckets, mix, load_tokenizer(None if a.sim else a.ckpt), a.mix_requests)
@@ -188,8 +213,13 @@ def main(argv: list[str] | None = None) -> int:
                 result["error"] = f"table {tag} did not deploy"
                 save()
                 return 1
-        for tag in SEEDS:  # one unmeasured pass each: the engines' first full-length batches
-            mixed(tag, reqs, a.concurrency)
+        for tag in SEEDS:  # unmeasured passes, at least one and --warm-up-s long: fresh engines' first
+            t0 = time.monotonic()  # full-length and first sampled batches run slow
+            passes = 0
+            while passes == 0 or time.monotonic() - t0 < a.warm_up_s:
+                mixed(tag, reqs, a.concurrency)
+                passes += 1
+            result.setdefault("warm_up", {})[tag] = {"passes": passes, "s": round(time.monotonic() - t0, 1)}
         runs: list[dict[str, Any]] = []
         for r in range(a.rounds):
             for tag in (("a", "b") if r % 2 == 0 else ("b", "a")):
@@ -214,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
 
             serve.delete(f"repro-{tag}")
     save()
-    log(f"ratio b/a: {result.get('ratio_b_over_a')}; same configs: {result.get('same_configs')}; "
+    log(f"ratio b/a: {result.get('ratio_b_over_a')}; same routing: {result.get('same_routing')}; "
         f"within {GOAL:.0%}: {result.get('within_goal')}")
     return 0
 
