@@ -507,6 +507,8 @@ def pick_best(
     the one it would otherwise get beyond the noise and by more than ``cell_min_gain``; cells that do not
     fit the budget are dropped, least gain first. The noise: one round's, pooled over every row measured
     in rounds (:func:`pooled_noise`); two configs differ where the interval of their ratio excludes 1.
+    A cell left on the bucket's config because its comparison was within noise is named in
+    ``provenance.notes`` with the rounds that would decide it: a second sweep may decide it otherwise.
 
     With a ``budget`` the table must also be servable on ``budget.gpus`` GPUs (one replica of every
     engine it uses, sharing per ``budget.share_gpu``): the per-bucket best when that fits; else the
@@ -586,7 +588,8 @@ def pick_best(
         variants = []
         cells: tuple[Cell, ...] = ()
         if len(b.temperatures) > 1:
-            cells, _within_noise = _cells(b, at_bucket, row["engine_key"], constraints, cell_min_gain, noise)
+            cells, kept = _cells(b, at_bucket, row["engine_key"], constraints, cell_min_gain, noise)
+            within.extend(kept)  # a cell left undecided is what a second sweep may decide otherwise
         for c in b.concurrency_levels[1:] if len(b.temperatures) == 1 else ():
             at_c = _at_temperature(at_bucket, b.primary_temperature)
             at_c = at_c[at_c["concurrency"] == c]

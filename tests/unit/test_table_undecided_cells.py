@@ -1,0 +1,48 @@
+"""A cell left on the primary because its comparison was within noise is named in the table's notes (the
+summary and the report print them): it is where a second sweep may decide otherwise."""
+from __future__ import annotations
+
+from orchestrator.config import EngineConfig
+from orchestrator.table import Provenance
+from tuning.buckets import make_buckets
+from tuning.results import pick_best, results_frame, rows_for_trial
+from tuning.sweep.space import ROLE_MTP_OFF, ROLE_STATIC
+
+BUCKETS = make_buckets((1024,), concurrency_levels=(64,), num_prompts=64, temperatures=(0.0, 0.8))
+PROV = Provenance(model="m", gpu_type="none (simulated)", gpu_count=0, sweep_id="t",
+                  created_at="2026-12-04T00:00:00+00:00", simulated=True)
+
+
+def _bench(rounds: list[float]) -> dict:
+    lat = {"mean": 10.0, "median": 10.0, "p99": 20.0}
+    return {"output_throughput": sorted(rounds)[0], "request_throughput": 1.0, "completed": 64, "failed": 0,
+            "failure_reasons": {}, "ttft_ms": lat, "tpot_ms": lat, "itl_ms": lat, "e2e_ms": lat, "accept_length": 2.0,
+            "simulated": True, "repeat_output_throughputs": rounds}
+
+
+def _table(sampled_off: list[float]):
+    """MTP-4 clearly wins greedy (the primary); sampled, MTP off leads MTP-4 by ``sampled_off``'s rounds."""
+    figures = {0: {0.0: [1000, 1100], 0.8: sampled_off}, 4: {0.0: [1500, 1650], 0.8: [1000, 1100]}}
+    rows = []
+    for tid, role, drafts in (("a", ROLE_MTP_OFF, 0), ("b", ROLE_STATIC, 4)):
+        cfg = EngineConfig(backend="sim", model="m", tp=1, memory_fraction=0.8,
+                           speculative_algorithm="qwen3_5_mtp" if drafts else None, num_draft_tokens=drafts)
+        meas = {BUCKETS[0].measurement_key(64, t): _bench(v) for t, v in figures[drafts].items()}
+        rows += rows_for_trial(sweep_id="t", trial_id=tid, role=role, config=cfg, buckets=BUCKETS, measurements=meas)
+    return pick_best(results_frame(rows), BUCKETS, provenance=PROV)
+
+
+def test_an_undecided_cell_is_named_with_the_rounds_that_would_decide_it():
+    table = _table([1050, 1160])  # ~1.05x MTP-4's sampled rounds, at ~10 % noise per round: not shown
+    bucket = table.bucket("le1024")
+    assert bucket.engine_config().num_draft_tokens == 4 and bucket.cells == ()
+    notes = [n for n in table.provenance.notes if not n.startswith("noise:")]
+    assert len(notes) == 1, table.provenance.notes
+    assert notes[0].startswith("le1024 sampled@64:") and "within noise" in notes[0]
+    assert "rounds per config would tell a gap this size apart" in notes[0] and "kept" in notes[0]
+
+
+def test_a_decided_cell_leaves_no_such_note():
+    table = _table([1600, 1700])  # sampled, MTP off well above MTP-4 (1,000 / 1,100): a cell
+    assert [c.sampling for c in table.bucket("le1024").cells] == ["sampled"]
+    assert [n for n in table.provenance.notes if not n.startswith("noise:")] == []
