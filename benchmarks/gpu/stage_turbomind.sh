@@ -10,8 +10,9 @@
 #     (docs/turbomind.md).
 # t1 holds LMDeploy, the libraries and what training needs (fla), so call 1 can check that TurboMind
 # loads and start training while t3 (z3, 21 MiB) and t2 (TileLang, 37 MiB) travel, in that order.
-# A fourth part, .stage/r1 (~57 MiB), carries Ray (Serve, Tune) and Optuna for sweeping and serving on
-# the device: Ray's wheel LZMA-recompressed without its Java jar (ray_dist.jar, 31 MiB compressed, used
+# Two more parts carry Ray (Serve, Tune) and Optuna for sweeping and serving on the device: .stage/r0
+# (~33 MiB) Ray's wheel alone, .stage/r1 (~25 MiB) the rest (together they no longer fit one call beside
+# the repository's files): Ray's wheel LZMA-recompressed without its Java jar (ray_dist.jar, 31 MiB compressed, used
 # only by Ray's Java API) and the dashboard's source map, Ray's runtime needs and Optuna's database stack
 # from .stage/dl4, Optuna from .stage/dl (not py-spy: nothing here profiles).
 #   bash benchmarks/gpu/stage_turbomind.sh           # LZMA takes minutes of one core (cached in .stage/lz)
@@ -35,7 +36,7 @@ done
 
 # A device call carries the repository's files too (~8 MiB and growing) under one 64 MiB limit: TileLang (t2) and
 # z3 (t3), 37 and 21 MiB, no longer fit one call together.
-rm -rf $S/t1 $S/t2 $S/t3 $S/r1 && mkdir -p $S/t1/turbomind-lib $S/t2 $S/t3 $S/r1
+rm -rf $S/t1 $S/t2 $S/t3 $S/r0 $S/r1 && mkdir -p $S/t1/turbomind-lib $S/t2 $S/t3 $S/r0 $S/r1
 unzip -q -j -o $S/dltm/nvidia_cuda_runtime_cu12-12.9.79-*.whl 'nvidia/cuda_runtime/lib/libcudart.so.12' -d $S/t1/turbomind-lib
 bash "$HERE/turbomind/build_shim.sh" $S/t1/turbomind-lib
 cp $S/lz/lmdeploy-0.18.0-*.whl $S/t1/
@@ -47,12 +48,13 @@ for f in $S/q1/*.whl $S/q2/*.whl; do
     *) cp "$f" $S/t1/ ;;
   esac
 done
-cp $S/lz/ray-2.60.0-*.whl $S/dl/optuna-*.whl $S/r1/
+cp $S/lz/ray-2.60.0-*.whl $S/r0/
+cp $S/dl/optuna-*.whl $S/r1/
 for f in $S/dl4/*.whl; do
   case $(basename "$f") in
     py_spy-*) ;;
     *) cp "$f" $S/r1/ ;;
   esac
 done
-for d in t1 t2 t3 r1; do cp $S/q1/install_part.sh $S/$d/; done
-du -sh $S/t1 $S/t2 $S/t3 $S/r1
+for d in t1 t2 t3 r0 r1; do cp $S/q1/install_part.sh $S/$d/; done
+du -sh $S/t1 $S/t2 $S/t3 $S/r0 $S/r1

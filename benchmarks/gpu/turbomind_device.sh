@@ -31,6 +31,7 @@
 #   (every *collect step waits for the job up to WAIT_S s (device_env.sh), holding the machine: call it again at once,
 #   within 30 s, or the machine goes back and the detached job dies with it)
 # Serving (issue #19 items 2 and 5), detached; after t1 (with training) and t2:
+#   carry [".stage/r0"]: bash .stage/r0/install_part.sh
 #   carry [".stage/r1"]: OUT=$OUT bash benchmarks/gpu/turbomind_device.sh serve
 #       installs Ray Serve, waits for the trained weights, then in the background: the TurboMind GPU tests
 #       on the trained checkpoint (greedy equality token for token, partings checked for near-ties), then
@@ -38,16 +39,18 @@
 #   then, until it says done:  OUT=$OUT bash benchmarks/gpu/turbomind_device.sh serve-collect
 # Two independent sweeps and their tables side by side (issue #22 item 2), after t1 (with training) and t3:
 #   carry [".stage/t2"]: OUT=$OUT bash benchmarks/gpu/turbomind_device.sh repro-install
+#   carry [".stage/r0"]: bash .stage/r0/install_part.sh
 #   carry [".stage/r1"]: OUT=$OUT bash benchmarks/gpu/turbomind_device.sh repro [ARGS...]
 #       installs Ray and Optuna, waits for the trained weights, starts measure_reproducibility.py in the
 #       background (ARGS go to it: two sweeps of MTP off / MTP-4 over buckets 256 and 1024, T 0 and 0.8,
-#       64 in flight, ~10 min each, then both tables side by side, ~7 min)
+#       64 in flight, 5-7 min each, then both tables side by side, ~8 min with the 60-s warm-ups)
 #   then, until it says done:  OUT=$OUT bash benchmarks/gpu/turbomind_device.sh repro-collect
 #   (copies each finished sweep's routing_table.json and sweep.json to $OUT/work/sweep-<tag>/: a later lease
 #   re-measures them side by side with ARGS "--reuse --work <that folder, committed>")
 # Does a table pay on the H200 (issue #18 item 6), after t1 (with training):
 #   carry [".stage/t3"]: bash .stage/t3/install_part.sh
 #   carry [".stage/t2"]: source benchmarks/gpu/device_env.sh && install_part2
+#   carry [".stage/r0"]: bash .stage/r0/install_part.sh
 #   carry [".stage/r1"]: [PAYOFF_TABLE=path] OUT=$OUT bash benchmarks/gpu/turbomind_device.sh payoff
 #       installs Ray and Optuna, waits for the trained weights, then in the background: unless PAYOFF_TABLE
 #       names a committed table of an earlier lease's sweep, a sweep of the PyTorch engine (its two
@@ -84,8 +87,10 @@ wait_for_weights() {  # the trained checkpoint (t1 started training in the backg
   for _ in $(seq 1 60); do grep -q "saved /root/ckpt/model.safetensors" /root/tm/train.log && return; sleep 5; done
 }
 
-ray_job_ready() {  # $1: the job's folder; $2: what it imports. Installs Ray (carried .stage/r1), checks the
-  # imports, waits for the trained weights, clears the folder's done marker and keeps the training log there.
+ray_job_ready() {  # $1: the job's folder; $2: what it imports. Installs Ray's dependencies and Optuna (carried
+  # .stage/r1; Ray itself came with .stage/r0 in the call before), checks the imports, waits for the trained
+  # weights, clears the folder's done marker and keeps the training log there.
+  [ -d /root/site/ray ] || { echo "Ray missing: carry .stage/r0 in the call before (bash .stage/r0/install_part.sh)"; exit 1; }
   bash .stage/r1/install_part.sh
   python3 -c "import $2, ray; print('ray', ray.__version__)" || exit 1
   wait_for_weights
