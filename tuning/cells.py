@@ -18,7 +18,7 @@ from orchestrator.table import BucketFigures, BucketRoute, Cell, select_cell
 from tuning.mixed import MixedPrediction, mixed_throughput
 from tuning.stats import PooledNoise, mean_confidence_interval
 
-__all__ = ["BucketChoice", "CellMeasurement", "choose_cells", "mix_parts", "part_rates", "predict_mix"]
+__all__ = ["BucketChoice", "CellMeasurement", "Undecided", "choose_cells", "mix_parts", "part_rates", "predict_mix"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,18 @@ class CellMeasurement:
 
 
 @dataclass(frozen=True)
+class Undecided:
+    """A cell comparison not shown either way: ``best_key`` measured above ``kept_key`` (what the
+    (``band``, ``in_flight``) part of the bucket is served by) but within noise, so it was kept."""
+
+    bucket: str
+    band: str
+    in_flight: int
+    best_key: str
+    kept_key: str
+
+
+@dataclass(frozen=True)
 class BucketChoice:
     """A bucket's primary config and its cells, with why each other candidate cell was not written."""
 
@@ -58,6 +70,8 @@ class BucketChoice:
     primary_figures: BucketFigures
     cells: tuple[Cell, ...] = ()
     notes: tuple[str, ...] = ()
+    undecided: tuple[Undecided, ...] = ()
+    """The (band, load) comparisons left within noise: more rounds could still give them a cell."""
 
     @classmethod
     def of_route(cls, route: BucketRoute) -> BucketChoice:
@@ -99,6 +113,7 @@ def choose_cells(measurements: Iterable[CellMeasurement], *, primary_band: str, 
                                                                 key=lambda m: m.figures(level).output_throughput)
         chosen: list[Cell] = []
         notes: list[str] = []
+        undecided: list[Undecided] = []
         lowest = min(level for _, level in cells)
         for band, in_flight in sorted(cells, key=lambda bl: (bl[0], bl[1])):
             if (band, in_flight) == (primary_band, primary_in_flight):
@@ -126,10 +141,12 @@ def choose_cells(measurements: Iterable[CellMeasurement], *, primary_band: str, 
             else:
                 why = (_unshown(noise, ratio, level) if noise is not None and ratio is not None and not beyond
                        else f"not shown above it, or gain <= {min_gain:.0%}")
+                if not beyond:
+                    undecided.append(Undecided(bucket, band, in_flight, best.engine_key, current))
                 notes.append(f"{band}@{in_flight}: {best.engine_key} {b.output_throughput:.0f} tok/s vs "
                              f"{current} {c.output_throughput:.0f} tok/s, within noise ({why}): kept {current}")
         out[bucket] = BucketChoice(bucket, primary.engine_key, primary.config, primary.figures(level), tuple(chosen),
-                                   tuple(notes))
+                                   tuple(notes), tuple(undecided))
     return out
 
 

@@ -47,6 +47,7 @@ __all__ = [
     "behind_schedule_rows",
     "busy_host_rows",
     "cell_measurements",
+    "undecided_cells",
     "commit_table",
     "gains_over",
     "config_of_row",
@@ -672,6 +673,30 @@ def _cells(b: Bucket, at_bucket: pd.DataFrame, primary_key: str, constraints: Co
     choice = choose_cells(measured, primary_band=primary_band.name, primary_in_flight=b.primary_concurrency,
                           min_gain=min_gain, primary_keys={b.name: primary_key}, noise=noise)[b.name]
     return choice.cells, [f"{b.name} {n}" for n in choice.notes]
+
+
+def undecided_cells(results: pd.DataFrame, buckets: Sequence[Bucket], table: RoutingTable,
+                    constraints: Constraints = Constraints()) -> list[Any]:
+    """The cell comparisons of ``table`` (chosen from ``results``) left within noise
+    (:class:`tuning.cells.Undecided`), against each bucket's primary as the table routes it and at the noise
+    pooled over ``results``, as :func:`pick_best` decided them."""
+    from tuning.cells import choose_cells
+
+    ok = results[(results["status"] == STATUS_OK) & results["output_throughput"].notna()]
+    noise = pooled_noise(results)
+    out: list[Any] = []
+    for b in buckets:
+        if len(b.temperatures) < 2:
+            continue
+        at_bucket = ok[ok["bucket"] == b.name]
+        eligible = at_bucket[constraints.mask(at_bucket)] if not at_bucket.empty else at_bucket
+        primary_band = routing.band_of(b.primary_temperature)
+        assert primary_band is not None
+        choice = choose_cells(cell_measurements(eligible, b), primary_band=primary_band.name,
+                              primary_in_flight=b.primary_concurrency, min_gain=CELL_MIN_GAIN,
+                              primary_keys={b.name: table.bucket(b.name).engine_config().key()}, noise=noise)
+        out.extend(choice[b.name].undecided)
+    return out
 
 
 def _fit_cells(routes: list[BucketRoute], budget: GpuBudget) -> tuple[list[BucketRoute], list[str]]:

@@ -46,3 +46,39 @@ def test_a_decided_cell_leaves_no_such_note():
     table = _table([1600, 1700])  # sampled, MTP off well above MTP-4 (1,000 / 1,100): a cell
     assert [c.sampling for c in table.bucket("le1024").cells] == ["sampled"]
     assert [n for n in table.provenance.notes if not n.startswith("noise:")] == []
+
+
+def _frame_and_table(sampled_off: list[float]):
+    figures = {0: {0.0: [1000, 1100], 0.8: sampled_off}, 4: {0.0: [1500, 1650], 0.8: [1000, 1100]}}
+    rows = []
+    for tid, role, drafts in (("a", ROLE_MTP_OFF, 0), ("b", ROLE_STATIC, 4)):
+        cfg = EngineConfig(backend="sim", model="m", tp=1, memory_fraction=0.8,
+                           speculative_algorithm="qwen3_5_mtp" if drafts else None, num_draft_tokens=drafts)
+        meas = {BUCKETS[0].measurement_key(64, t): _bench(v) for t, v in figures[drafts].items()}
+        rows += rows_for_trial(sweep_id="t", trial_id=tid, role=role, config=cfg, buckets=BUCKETS, measurements=meas)
+    df = results_frame(rows)
+    return df, pick_best(df, BUCKETS, provenance=PROV)
+
+
+def test_the_decision_plan_measures_both_configs_on_the_undecided_cell_only():
+    from tuning.sweep.decide import plan_decision
+
+    df, table = _frame_and_table([1050, 1160])
+    assert plan_decision(df, BUCKETS, table, rounds=0) is None
+    plan = plan_decision(df, BUCKETS, table, rounds=5)
+    assert plan is not None and plan.rounds == 5
+    assert [(u.bucket, u.band, u.in_flight) for u in plan.undecided] == [("le1024", "sampled", 64)]
+    assert plan.undecided[0].kept_key == table.bucket("le1024").engine_config().key()  # MTP-4, the primary
+    assert set(plan.points) == {plan.undecided[0].best_key, plan.undecided[0].kept_key}
+    assert sorted(p["speculative"] for p in plan.points.values()) == [False, True]
+    (cut,) = plan.buckets  # the sampled cell only: not the greedy primary cell again
+    assert cut.name == "le1024" and cut.temperatures == (0.8,) and cut.concurrency_levels == (64,)
+    assert cut.workload.temperature == 0.8 and cut.max_output_len == 1024
+    assert "1 cell comparison(s) within noise (le1024 sampled@64): 2 config(s)" in plan.describe()
+
+
+def test_a_decided_sweep_plans_nothing():
+    from tuning.sweep.decide import plan_decision
+
+    df, table = _frame_and_table([1600, 1700])
+    assert plan_decision(df, BUCKETS, table, rounds=5) is None

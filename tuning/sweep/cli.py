@@ -97,6 +97,11 @@ def parser() -> argparse.ArgumentParser:
                    "the lower-median run counts, every run's throughput and their spread go to results.csv, and "
                    "a config is preferred over another only when their intervals over the rounds part; with "
                    "--share-gpu the rounds of co-resident configs take turns on the GPU")
+    w.add_argument("--decide-rounds", type=int, metavar="R",
+                   help="before committing, measure every cell comparison left within noise again: both configs "
+                        "on a fresh engine, R rounds of those cells, pooled with the first (default 0: none; two "
+                        "rounds per config can miss a gap of 15-20 %%, so two sweeps may route such a cell "
+                        "differently)")
     w.add_argument("--no-early-stop", action="store_true", help="run every request to completion (no "
                    "steady-state early stop)")
     r = p.add_argument_group("search and budgets")

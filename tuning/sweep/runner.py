@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 import uuid
 from collections.abc import Sequence
@@ -128,6 +129,28 @@ def _cache_seed(rows: Sequence[ResultRow]) -> dict[str, list[ResultRow]]:
     return by_key
 
 
+def _decide(spec: SweepSpec, rows: list[ResultRow], df: Any, traffic: Any) -> tuple[list[ResultRow], Any, str | None]:
+    """With ``spec.decide_rounds``: the cell comparisons the results leave within noise measured again
+    (:mod:`tuning.sweep.decide`), their rows added; and the note saying so (``None``: nothing to decide, or the
+    results do not make a table yet). Not after the time budget: no engine starts then."""
+    from tuning.sweep.budget import BUDGET_FILE, read_budget, time_budget_spent
+    from tuning.sweep.decide import plan_decision, run_decision
+
+    try:
+        first = choose_table(df, spec, provenance_for(spec, df), traffic)
+    except RoutingTableError:
+        return rows, df, None
+    plan = plan_decision(df, spec.buckets, first, spec.decide_rounds, spec.constraints)
+    if plan is None:
+        return rows, df, None
+    if time_budget_spent(read_budget(Path(spec.run_dir) / BUDGET_FILE)):
+        return rows, df, f"decide: {plan.describe()} wanted, not run: the time budget was spent"
+    print(f"decide: {plan.describe()} ...", file=sys.stderr, flush=True)  # engine starts: minutes on GPUs
+    added = run_decision(spec, plan)
+    rows = [*rows, *added]
+    return rows, results_frame(rows), f"decide: {plan.describe()} ({len(added)} rows added)"
+
+
 def run_sweep(
     spec: SweepSpec,
     *,
@@ -217,11 +240,17 @@ def run_sweep(
 
     rows = rows_from_result_grid(grid, spec)
     df = results_frame(rows)
+    decided = None
+    if spec.decide_rounds:
+        rows, df, decided = _decide(spec, rows, df, traffic)
     paths = write_results(df, run_dir)
     table = table_path = None
     error = None
     try:
         table = choose_table(df, spec, provenance_for(spec, df), traffic)
+        if decided:
+            table = table.model_copy(update={"provenance": table.provenance.model_copy(
+                update={"notes": (*table.provenance.notes, decided)})})
         targets = table_targets(spec, commit_to)
         table_path = targets[0]
         table = commit_table(table, targets)

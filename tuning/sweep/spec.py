@@ -102,6 +102,9 @@ class SweepSpec:
     full-load run after start-up is slower than the ones after it)."""
     burn_in_s: float = 0.0
     """With ``burn_in``, repeat those runs until they have lasted this long (:data:`GPU_BURN_IN_S`)."""
+    decide_rounds: int = 0
+    """Rounds each config of a cell comparison left within noise gets on a fresh engine before the table
+    is committed (:mod:`tuning.sweep.decide`); 0: none."""
 
     def __post_init__(self) -> None:
         if self.share_gpu and self.space.tp != 1:
@@ -113,6 +116,8 @@ class SweepSpec:
             raise ConfigError(f"serve_gpus={self.serve_gpus} cannot hold even one engine of tp={self.space.tp}")
         if not isinstance(self.repeats, int) or self.repeats < 1:
             raise ConfigError(f"repeats={self.repeats!r} must be a whole number >= 1")
+        if not isinstance(self.decide_rounds, int) or self.decide_rounds < 0:
+            raise ConfigError(f"decide_rounds={self.decide_rounds!r} must be a whole number >= 0")
         if not 0 <= self.burn_in_s < math.inf:
             raise ConfigError(f"burn_in_s={self.burn_in_s!r} must be a finite number of seconds >= 0")
         if self.objective not in ("scalar", "multi"):
@@ -141,7 +146,7 @@ class SweepSpec:
             "ready_timeout_s": self.ready_timeout_s, "request_timeout_s": self.request_timeout_s,
             "tokenizer": self.tokenizer, "n_startup_trials": self.n_startup_trials,
             "share_gpu": self.share_gpu, "serve_gpus": self.serve_gpus, "repeats": self.repeats,
-            "burn_in": self.burn_in, "burn_in_s": self.burn_in_s,
+            "burn_in": self.burn_in, "burn_in_s": self.burn_in_s, "decide_rounds": self.decide_rounds,
         }
 
     @classmethod
@@ -305,6 +310,7 @@ def build_spec(args: argparse.Namespace, defaults: Mapping[str, Any] | None = No
                  else int(sweep_cfg.get("repeats") or (1 if simulated else GPU_ROUNDS))),
         burn_in=not simulated and not args.no_burn_in,
         burn_in_s=0.0 if simulated or args.no_burn_in else (GPU_BURN_IN_S if args.burn_in_s is None else args.burn_in_s),
+        decide_rounds=int(getattr(args, "decide_rounds", None) or 0),
     )
 
 

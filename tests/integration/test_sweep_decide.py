@@ -1,0 +1,78 @@
+"""``--decide-rounds``: a cell comparison the first measurements leave within noise is measured again on
+real Ray Tune trials with simulated engines, its rounds pooled with the first ones before the table is
+chosen again."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config import EngineConfig
+from tuning.buckets import make_buckets
+from tuning.results import cell_measurements, results_frame, rows_for_trial
+from tuning.sweep import SweepSpec
+from tuning.sweep.records import ResultRow
+from tuning.sweep.space import ROLE_MTP_OFF, ROLE_STATIC, SearchSpace
+
+PROFILE = "intern-s2-preview-8xh200"
+BUCKETS = make_buckets((1024,), input_len=256, concurrency_levels=(64,), num_prompts=64, temperatures=(0.0, 0.8))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_local():
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    yield
+    ray.shutdown()
+
+
+def _bench(rounds: list[float]) -> dict:
+    lat = {"mean": 10.0, "median": 10.0, "p99": 20.0}
+    return {"output_throughput": min(rounds), "request_throughput": 1.0, "completed": 64, "failed": 0,
+            "failure_reasons": {}, "ttft_ms": lat, "tpot_ms": lat, "itl_ms": lat, "e2e_ms": lat, "accept_length": 2.0,
+            "simulated": True, "repeat_output_throughputs": rounds}
+
+
+def test_an_undecided_cell_is_measured_again_and_pooled(tmp_path):
+    from tuning.sweep.runner import _decide
+
+    space = SearchSpace(engine="sim", model=PROFILE, tp=8, num_draft_tokens=(4,), memory_fraction=(0.8,),
+                        max_batch_size=(64,), extra_flags=("--startup-delay", "1")).with_baselines()
+    spec = SweepSpec(sweep_id="decide", run_dir=str(tmp_path / "decide"), space=space, buckets=BUCKETS,
+                     sim_time_scale=8.0, steady_state=None, max_concurrent_trials=2, ready_timeout_s=60, repeats=2,
+                     decide_rounds=2)
+    Path(spec.run_dir).mkdir(parents=True)
+    # First measurements (as a sweep's trials report them): MTP-4 clearly ahead greedy, MTP off ~5 % ahead
+    # sampled at ~10 % noise per round: not shown, so the sampled cell stays on MTP-4.
+    figures = {ROLE_MTP_OFF: {0.0: [1000, 1100], 0.8: [1050, 1160]},
+               ROLE_STATIC: {0.0: [1500, 1650], 0.8: [1000, 1100]}}
+    rows: list[ResultRow] = []
+    configs: dict[str, EngineConfig] = {}
+    for point in space.points:
+        cfg = space.config_from_trial_config(point.params)
+        configs[point.role] = cfg
+        meas = {BUCKETS[0].measurement_key(64, t): _bench(v) for t, v in figures[point.role].items()}
+        rows += [ResultRow.from_mapping(r) for r in rows_for_trial(
+            sweep_id="decide", trial_id=point.role, role=point.role, config=cfg, buckets=BUCKETS, measurements=meas)]
+
+    all_rows, df, note = _decide(spec, rows, results_frame(rows), traffic=None)
+
+    assert note is not None and note.startswith("decide: 1 cell comparison(s) within noise (le1024 sampled@64)")
+    added = all_rows[len(rows):]
+    assert len(added) == 2 and {r.role for r in added} == {"decide"}
+    assert {r.engine_key for r in added} == {c.key() for c in configs.values()}
+    for r in added:  # the undecided cell only, R rounds each, on a real (simulated) engine
+        assert (r.bucket, r.temperature, r.concurrency, r.status) == ("le1024", 0.8, 64, "ok")
+        assert len(r.output_throughput_repeats.split(";")) == 2
+    assert (Path(spec.run_dir) / "decide" / "trial-results").is_dir()
+    # The sampled cell now has the first rounds and the new ones of each config, pooled.
+    sampled = [m for m in cell_measurements(df, BUCKETS[0]) if m.band == "sampled"]
+    assert sorted(len(m.throughputs) for m in sampled) == [4, 4]
+    # Nothing left to decide is measured again: a plan-free sweep adds nothing.
+    decided = {ROLE_MTP_OFF: {0.0: [1000, 1010], 0.8: [1600, 1610]}, ROLE_STATIC: {0.0: [1500, 1510], 0.8: [1000, 1010]}}
+    clear = [ResultRow.from_mapping(r) for role, cfg in configs.items() for r in rows_for_trial(
+        sweep_id="decide", trial_id=role, role=role, config=cfg, buckets=BUCKETS,
+        measurements={BUCKETS[0].measurement_key(64, t): _bench(v) for t, v in decided[role].items()})]
+    again, _, again_note = _decide(spec, clear, results_frame(clear), traffic=None)
+    assert again_note is None and again == clear

@@ -1,0 +1,165 @@
+"""Deciding what the sweep left undecided (``--decide-rounds R``).
+
+A cell comparison within noise keeps the bucket's config: "not shown", not "the same". Where the true
+gap is real but the rounds were too few to show it, a second sweep of the same space can show it and
+commit another route, and tables of one space then differ on the mix by as much as that gap. With ``decide_rounds`` the sweep measures each such comparison again before it commits: both
+configs of every undecided (bucket, sampling band, load) get a fresh engine and ``R`` more rounds of
+exactly those cells; the rounds of both measurements are pooled (:func:`tuning.results.cell_measurements`
+merges them) and the table is chosen again from all of it.
+
+:func:`plan_decision` is pure (results and the chosen table in, what to re-measure out);
+:func:`run_decision` runs it as a second Tune experiment (``<run_dir>/decide``: its trial reports and
+engine logs), under the sweep's measuring rules (burn-in, one measurement per GPU at a time).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator import table as routing
+from orchestrator.table import RoutingTable
+from tuning.buckets import Bucket
+from tuning.cells import Undecided
+from tuning.results import STATUS_OK, Constraints, config_of_row, undecided_cells
+from tuning.sweep.records import ResultRow
+
+__all__ = ["DECIDE_DIR", "ROLE_DECIDE", "DecisionPlan", "plan_decision", "run_decision"]
+
+logger = logging.getLogger(__name__)
+
+ROLE_DECIDE = "decide"
+DECIDE_DIR = "decide"
+_PARAMS = ("speculative", "num_draft_tokens", "backend", "memory_fraction", "max_batch_size")
+
+
+@dataclass(frozen=True)
+class DecisionPlan:
+    """What to measure again: the undecided comparisons, each involved config once (engine key ->
+    trial params), and the buckets cut down to the undecided cells' temperatures and loads."""
+
+    undecided: tuple[Undecided, ...]
+    points: Mapping[str, Mapping[str, Any]]
+    buckets: tuple[Bucket, ...]
+    rounds: int
+
+    def describe(self) -> str:
+        cells = ", ".join(f"{u.bucket} {u.band}@{u.in_flight}" for u in self.undecided)
+        return (f"{len(self.undecided)} cell comparison(s) within noise ({cells}): {len(self.points)} config(s) "
+                f"measured again on a fresh engine each, {self.rounds} rounds per cell")
+
+
+def plan_decision(results: Any, buckets: Sequence[Bucket], table: RoutingTable, rounds: int,
+                  constraints: Constraints = Constraints()) -> DecisionPlan | None:
+    """The re-measurement the undecided cells of ``table`` (chosen from ``results``) ask for, or ``None``
+    when there is none (or ``rounds`` is 0). A config whose trial params cannot be read back from its rows
+    is left out (its comparison stays undecided)."""
+    if rounds < 0:
+        raise ValueError(f"rounds={rounds}; allowed: >= 0")
+    if rounds == 0:
+        return None
+    undecided = undecided_cells(results, buckets, table, constraints)
+    if not undecided:
+        return None
+    ok = results[results["status"] == STATUS_OK]
+    points: dict[str, dict[str, Any]] = {}
+    for key in dict.fromkeys(k for u in undecided for k in (u.best_key, u.kept_key)):
+        rows = ok[ok["engine_key"] == key]
+        if not rows.empty:
+            points[key] = _params(rows.iloc[0].to_dict())
+    undecided = [u for u in undecided if u.best_key in points and u.kept_key in points]
+    if not undecided:
+        return None
+    by_name = {b.name: b for b in buckets}
+    cut: list[Bucket] = []
+    for name in dict.fromkeys(u.bucket for u in undecided):
+        b = by_name[name]
+        mine = [u for u in undecided if u.bucket == name]
+        bands = {u.band for u in mine}
+        temps = tuple(t for t in b.temperatures if (band := routing.band_of(t)) is not None and band.name in bands)
+        levels = tuple(sorted({u.in_flight for u in mine}))
+        cut.append(dataclasses.replace(b, workload=b.workload_at(levels[0], temps[0]), concurrency_levels=levels,
+                                       temperatures=temps))
+    return DecisionPlan(tuple(undecided), points, tuple(cut), rounds)
+
+
+def _params(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A results row's config as trial params (what the search space turns back into the same engine)."""
+    cfg = config_of_row(row)
+    params: dict[str, Any] = {"speculative": cfg["speculative_algorithm"] is not None,
+                              "memory_fraction": cfg["memory_fraction"]}
+    if params["speculative"]:
+        params["num_draft_tokens"] = cfg["num_draft_tokens"]
+    elif (backend := cfg.get("simulated_backend") or cfg["backend"]) != "sim":  # what a simulated engine stands in for
+        params["backend"] = backend
+    if cfg.get("max_batch_size") is not None:
+        params["max_batch_size"] = cfg["max_batch_size"]
+    return params
+
+
+def _in_plan(row: ResultRow, plan: DecisionPlan) -> bool:
+    """Is ``row`` one of the undecided cells (not a neighbour the cut-down bucket also measured)?"""
+    band = routing.band_of(float(row.temperature)) if row.temperature is not None else None
+    return any(u.bucket == row.bucket and band is not None and u.band == band.name and u.in_flight == row.concurrency
+               for u in plan.undecided)
+
+
+def run_decision(spec: Any, plan: DecisionPlan) -> list[ResultRow]:
+    """Measure ``plan`` on the Ray cluster this process is connected to; the rows of its cells (role
+    ``decide``). Every config's engine is checked against the key it was measured under before: a config
+    the space builds differently is not measured (its rows would not pool with the first ones)."""
+    import ray
+    from ray import tune
+
+    from tuning.sweep.actors import GpuLease
+    from tuning.sweep.records import TrialReport
+    from tuning.sweep.trial import TrialContext, run_trial
+
+    run_dir = Path(spec.run_dir) / DECIDE_DIR
+    run_dir.mkdir(parents=True, exist_ok=True)
+    points = []
+    for key, params in plan.points.items():
+        built = spec.space.config_from_trial_config(params).key()
+        if built == key:
+            points.append({"role": ROLE_DECIDE, **params})
+        else:
+            logger.warning("decide: %s is built as %s from its params; not measured again", key, built)
+    if not points:
+        return []
+    namespace = ray.get_runtime_context().namespace
+    lease_name = f"{spec.measure_lease_name()}-decide-{uuid.uuid4().hex[:6]}" if spec.share_gpu else None
+    lease = (ray.remote(GpuLease).options(name=lease_name, namespace=namespace, num_cpus=0).remote()
+             if lease_name else None)
+    context = TrialContext(sweep_id=spec.sweep_id, run_dir=str(run_dir), space=spec.space, buckets=plan.buckets,
+                           plan=dataclasses.replace(spec.measure_plan(), repeats=plan.rounds),
+                           cache_namespace=namespace, measure_lease_actor=lease_name)
+
+    def trial(config: dict[str, Any], context: TrialContext) -> None:
+        run_trial(config["point"], context)
+
+    def resources(config: dict[str, Any]) -> Any:
+        return spec.resources_for(config["point"])
+
+    trainable = tune.with_resources(tune.with_parameters(trial, context=context),
+                                    resources if spec.share_gpu else dict(spec.trial_resources))
+    try:
+        grid = tune.Tuner(
+            trainable, param_space={"point": tune.grid_search(points)},
+            tune_config=tune.TuneConfig(max_concurrent_trials=spec.max_concurrent_trials, reuse_actors=True),
+            run_config=tune.RunConfig(name="tune", storage_path=str(run_dir.resolve()), verbose=0,
+                                      failure_config=tune.FailureConfig(max_failures=0)),
+        ).fit()
+    finally:
+        if lease is not None:
+            ray.kill(lease)
+    rows: list[ResultRow] = []
+    for res in grid:
+        trial_id = (res.metrics or {}).get("trial_id")
+        report = TrialReport.load(str(run_dir), trial_id) if trial_id else None
+        if report is not None:
+            rows.extend(r for r in report.rows if _in_plan(r, plan))
+    return rows
