@@ -63,12 +63,16 @@ def test_an_undecided_cell_is_measured_again_and_pooled(tmp_path):
     assert len(added) == 2 and {r.role for r in added} == {"decide"}
     assert {r.engine_key for r in added} == {c.key() for c in configs.values()}
     for r in added:  # the undecided cell only, R rounds each, on a real (simulated) engine
-        assert (r.bucket, r.temperature, r.concurrency, r.status) == ("le1024", 0.8, 64, "ok")
+        assert (r.bucket, r.temperature, r.concurrency, r.status, r.primary_load) == ("le1024", 0.8, 64, "ok", False)
         assert len(r.output_throughput_repeats.split(";")) == 2
     assert (Path(spec.run_dir) / "decide" / "trial-results").is_dir()
     # The sampled cell now has the first rounds and the new ones of each config, pooled.
     sampled = [m for m in cell_measurements(df, BUCKETS[0]) if m.band == "sampled"]
     assert sorted(len(m.throughputs) for m in sampled) == [4, 4]
+    # A resumed sweep reads them back from RUN_DIR/decide.
+    from tuning.sweep.decide import earlier_rows
+
+    assert sorted(r.engine_key for r in earlier_rows(spec.run_dir, BUCKETS)) == sorted(r.engine_key for r in added)
     # Nothing left to decide is measured again: a plan-free sweep adds nothing.
     decided = {ROLE_MTP_OFF: {0.0: [1000, 1010], 0.8: [1600, 1610]}, ROLE_STATIC: {0.0: [1500, 1510], 0.8: [1000, 1010]}}
     clear = [ResultRow.from_mapping(r) for role, cfg in configs.items() for r in rows_for_trial(

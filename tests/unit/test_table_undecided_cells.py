@@ -82,3 +82,19 @@ def test_a_decided_sweep_plans_nothing():
 
     df, table = _frame_and_table([1600, 1700])
     assert plan_decision(df, BUCKETS, table, rounds=5) is None
+
+
+def test_decide_rows_never_stand_for_a_buckets_primary_cell():
+    """A cut-down bucket measures every temperature x load of its undecided cells, the sweep's primary cell
+    among them when the undecided cells span both; those rows are dropped, and none is a primary-load row."""
+    from tuning.sweep.decide import sweep_rows
+    from tuning.sweep.records import ResultRow
+
+    def row(t: float, primary: bool) -> ResultRow:
+        return ResultRow(sweep_id="t", trial_id="d", role="decide", status="ok", bucket="le1024", concurrency=64,
+                         temperature=t, primary_load=primary, engine_key="k")
+
+    kept = sweep_rows([row(0.0, True), row(0.8, True), row(0.8, False)], BUCKETS)
+    assert [(r.temperature, r.primary_load) for r in kept] == [(0.8, False), (0.8, False)]
+    assert sweep_rows([ResultRow(sweep_id="t", trial_id="d", role="decide", status="ok", bucket="other",
+                                 concurrency=64, temperature=0.8)], BUCKETS) == []

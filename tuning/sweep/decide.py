@@ -28,7 +28,8 @@ from tuning.cells import Undecided
 from tuning.results import STATUS_OK, Constraints, config_of_row, undecided_cells
 from tuning.sweep.records import ResultRow
 
-__all__ = ["DECIDE_DIR", "ROLE_DECIDE", "DecisionPlan", "plan_decision", "run_decision"]
+__all__ = ["DECIDE_DIR", "ROLE_DECIDE", "DecisionPlan", "earlier_rows", "plan_decision", "run_decision",
+           "sweep_rows"]
 
 logger = logging.getLogger(__name__)
 
@@ -101,16 +102,35 @@ def _params(row: Mapping[str, Any]) -> dict[str, Any]:
     return params
 
 
-def _in_plan(row: ResultRow, plan: DecisionPlan) -> bool:
-    """Is ``row`` one of the undecided cells (not a neighbour the cut-down bucket also measured)?"""
-    band = routing.band_of(float(row.temperature)) if row.temperature is not None else None
-    return any(u.bucket == row.bucket and band is not None and u.band == band.name and u.in_flight == row.concurrency
-               for u in plan.undecided)
+def sweep_rows(rows: Sequence[ResultRow], buckets: Sequence[Bucket]) -> list[ResultRow]:
+    """Decide rows as the sweep's own: off every bucket's primary cell (a cut-down bucket measures every
+    temperature x load of its undecided cells, which can include the primary cell; a second row there would
+    rank the config twice) and never its primary load (they were measured as a cut-down bucket's primary)."""
+    by_name = {b.name: b for b in buckets}
+    out = []
+    for r in rows:
+        b = by_name.get(r.bucket)
+        if b is None or r.concurrency is None or r.temperature is None:
+            continue
+        if b.is_primary(int(r.concurrency), float(r.temperature)):
+            continue
+        out.append(dataclasses.replace(r, primary_load=False))
+    return out
+
+
+def earlier_rows(run_dir: str | Path, buckets: Sequence[Bucket]) -> list[ResultRow]:
+    """The decide rows a run dir already holds (``<run_dir>/decide``): a resumed sweep keeps them."""
+    from tuning.sweep.records import TrialReport, reported_trial_ids
+
+    where = Path(run_dir) / DECIDE_DIR
+    rows = [r for t in reported_trial_ids(where) if (rep := TrialReport.load(str(where), t)) is not None
+            for r in rep.rows]
+    return sweep_rows(rows, buckets)
 
 
 def run_decision(spec: Any, plan: DecisionPlan) -> list[ResultRow]:
-    """Measure ``plan`` on the Ray cluster this process is connected to; the rows of its cells (role
-    ``decide``). Every config's engine is checked against the key it was measured under before: a config
+    """Measure ``plan`` on the Ray cluster this process is connected to; its rows (role ``decide``) as the
+    sweep's (:func:`sweep_rows`). Every config's engine is checked against the key it was measured under before: a config
     the space builds differently is not measured (its rows would not pool with the first ones)."""
     import ray
     from ray import tune
@@ -150,7 +170,7 @@ def run_decision(spec: Any, plan: DecisionPlan) -> list[ResultRow]:
         grid = tune.Tuner(
             trainable, param_space={"point": tune.grid_search(points)},
             tune_config=tune.TuneConfig(max_concurrent_trials=spec.max_concurrent_trials, reuse_actors=True),
-            run_config=tune.RunConfig(name="tune", storage_path=str(run_dir.resolve()), verbose=0,
+            run_config=tune.RunConfig(name=f"tune-{uuid.uuid4().hex[:6]}", storage_path=str(run_dir.resolve()), verbose=0,
                                       failure_config=tune.FailureConfig(max_failures=0)),
         ).fit()
     finally:
@@ -161,5 +181,5 @@ def run_decision(spec: Any, plan: DecisionPlan) -> list[ResultRow]:
         trial_id = (res.metrics or {}).get("trial_id")
         report = TrialReport.load(str(run_dir), trial_id) if trial_id else None
         if report is not None:
-            rows.extend(r for r in report.rows if _in_plan(r, plan))
-    return rows
+            rows.extend(report.rows)
+    return sweep_rows(rows, spec.buckets)

@@ -239,6 +239,10 @@ def run_sweep(
             ray.kill(lease)
 
     rows = rows_from_result_grid(grid, spec)
+    if resume:  # measurements of an earlier decide phase (RUN_DIR/decide) stay in the results
+        from tuning.sweep.decide import earlier_rows
+
+        rows += earlier_rows(run_dir, spec.buckets)
     df = results_frame(rows)
     decided = None
     if spec.decide_rounds:
