@@ -2,10 +2,11 @@
 
 A cell comparison within noise keeps the bucket's config: "not shown", not "the same". Where the true
 gap is real but the rounds were too few to show it, a second sweep of the same space can show it and
-commit another route, and tables of one space then differ on the mix by as much as that gap. With ``decide_rounds`` the sweep measures each such comparison again before it commits: both
-configs of every undecided (bucket, sampling band, load) get a fresh engine and ``R`` more rounds of
-exactly those cells; the rounds of both measurements are pooled (:func:`tuning.results.cell_measurements`
-merges them) and the table is chosen again from all of it.
+commit another route, and tables of one space then differ on the mix by as much as that gap. With
+``decide_rounds`` the sweep measures each such comparison again before it commits: both configs of every
+undecided (bucket, sampling band, load) get a fresh engine and ``R`` more rounds of exactly those cells;
+the rounds of both measurements are pooled (:func:`tuning.results.cell_measurements` merges them) and the
+table is chosen again from all of it.
 
 :func:`plan_decision` is pure (results and the chosen table in, what to re-measure out);
 :func:`run_decision` runs it as a second Tune experiment (``<run_dir>/decide``: its trial reports and
@@ -130,8 +131,9 @@ def earlier_rows(run_dir: str | Path, buckets: Sequence[Bucket]) -> list[ResultR
 
 def run_decision(spec: Any, plan: DecisionPlan) -> list[ResultRow]:
     """Measure ``plan`` on the Ray cluster this process is connected to; its rows (role ``decide``) as the
-    sweep's (:func:`sweep_rows`). Every config's engine is checked against the key it was measured under before: a config
-    the space builds differently is not measured (its rows would not pool with the first ones)."""
+    sweep's (:func:`sweep_rows`). Every config's engine is checked against the key it was measured under
+    before: a config the space builds differently is not measured (its rows would not pool with the first
+    ones)."""
     import ray
     from ray import tune
 
@@ -170,8 +172,8 @@ def run_decision(spec: Any, plan: DecisionPlan) -> list[ResultRow]:
         grid = tune.Tuner(
             trainable, param_space={"point": tune.grid_search(points)},
             tune_config=tune.TuneConfig(max_concurrent_trials=spec.max_concurrent_trials, reuse_actors=True),
-            run_config=tune.RunConfig(name=f"tune-{uuid.uuid4().hex[:6]}", storage_path=str(run_dir.resolve()), verbose=0,
-                                      failure_config=tune.FailureConfig(max_failures=0)),
+            run_config=tune.RunConfig(name=f"tune-{uuid.uuid4().hex[:6]}", storage_path=str(run_dir.resolve()),
+                                      verbose=0, failure_config=tune.FailureConfig(max_failures=0)),
         ).fit()
     finally:
         if lease is not None:
