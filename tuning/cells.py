@@ -139,12 +139,16 @@ def choose_cells(measurements: Iterable[CellMeasurement], *, primary_band: str, 
                                    config=dict(best.config), figures=b,
                                    primary_figures=primary_here.figures(level) if primary_here else None))
             else:
-                why = (_unshown(noise, ratio, level) if noise is not None and ratio is not None and not beyond
+                said = f"{band}@{in_flight}: {best.engine_key} {b.output_throughput:.0f} tok/s vs {current} " \
+                       f"{c.output_throughput:.0f} tok/s"
+                if beyond and noise is not None:  # shown at the pooled noise, by too little to pay for an engine
+                    notes.append(f"{said}, shown above it but by no more than {min_gain:.0%}: kept {current}")
+                    continue
+                # not shown (figures measured once: min_gain is their noise floor)
+                undecided.append(Undecided(bucket, band, in_flight, best.engine_key, current))
+                why = (_unshown(noise, ratio, level) if noise is not None and ratio is not None
                        else f"not shown above it, or gain <= {min_gain:.0%}")
-                if not beyond:
-                    undecided.append(Undecided(bucket, band, in_flight, best.engine_key, current))
-                notes.append(f"{band}@{in_flight}: {best.engine_key} {b.output_throughput:.0f} tok/s vs "
-                             f"{current} {c.output_throughput:.0f} tok/s, within noise ({why}): kept {current}")
+                notes.append(f"{said}, within noise ({why}): kept {current}")
         out[bucket] = BucketChoice(bucket, primary.engine_key, primary.config, primary.figures(level), tuple(chosen),
                                    tuple(notes), tuple(undecided))
     return out

@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -34,6 +34,9 @@ from tuning.buckets import Bucket
 from tuning.stats import PooledNoise, mean_confidence_interval
 from tuning.sweep.space import BASELINE_ROLES, ROLE_MTP_OFF, ROLE_STATIC
 
+if TYPE_CHECKING:
+    from tuning.cells import Undecided
+
 __all__ = [
     "BUDGET_CANDIDATES",
     "BUSY_HOST_SHARE",
@@ -47,7 +50,6 @@ __all__ = [
     "behind_schedule_rows",
     "busy_host_rows",
     "cell_measurements",
-    "undecided_cells",
     "commit_table",
     "gains_over",
     "config_of_row",
@@ -58,6 +60,7 @@ __all__ = [
     "results_frame",
     "rows_for_trial",
     "successful_primary_rows",
+    "undecided_cells",
     "write_results",
 ]
 
@@ -676,7 +679,7 @@ def _cells(b: Bucket, at_bucket: pd.DataFrame, primary_key: str, constraints: Co
 
 
 def undecided_cells(results: pd.DataFrame, buckets: Sequence[Bucket], table: RoutingTable,
-                    constraints: Constraints = Constraints()) -> list[Any]:
+                    constraints: Constraints = Constraints()) -> list[Undecided]:
     """The cell comparisons of ``table`` (chosen from ``results``) left within noise
     (:class:`tuning.cells.Undecided`), against each bucket's primary as the table routes it and at the noise
     pooled over ``results``, as :func:`pick_best` decided them."""

@@ -8,12 +8,13 @@ stated traffic mix (``--traffic-mix``), so a table may give a sampling band its 
 committed tables are deployed side by side as two Serve apps (``/a`` and ``/b``, every engine at
 ``--serve-memory-fraction`` so both fit one GPU; an idle neighbour showed no detectable effect), warmed
 up by driving the mix unmeasured for ``--warm-up-s`` (a fresh engine's first full-length and first
-sampled batches run slow; one short pass leaves that in the first rounds), and measured in alternating
-order for ``--rounds`` rounds (a, b; b, a; ...): the mix is the stated mix's classes (each class's share
-of ``--mix-requests`` requests, drawn from its bucket's sweep workload, at the class's temperature),
-shuffled, in one closed loop at the sweeps' concurrency, so each table's router picks its cell per
-request. The result is the per-round ratio b / a with its 95 % CI, each table's choices and the routes
-where the two tables differ.
+sampled batches run slow; whether one short pass leaves that in the first rounds is not settled), and
+measured in alternating order for ``--rounds`` rounds (a, b; b, a; ...): the mix is the stated mix's
+classes (each class's share of ``--mix-requests`` requests, drawn from its bucket's sweep workload, at the
+class's temperature), shuffled, in one closed loop at the sweeps' concurrency, so each table's router
+picks its cell per request. The result is the per-round ratio b / a with its 95 % CI (which assumes the
+rounds independent: a drift over the rounds breaks that), each table's choices and the routes where the
+two tables differ.
 
 The sweeps and the side-by-side part need not share a lease: ``--reuse --work DIR`` keeps every
 ``DIR/sweep-<tag>/`` that holds ``routing_table.json`` and ``sweep.json`` (the collect step copies both
@@ -86,7 +87,8 @@ def mix_requests(buckets: Sequence[Any], mix: TrafficMix, tokenizer: Any, total:
                  seed: int = 0) -> list[tuple[str, int, float]]:
     """The stated mix as requests: each class's share of ``total`` (at least one), drawn in turn from the
     sweep workload of the bucket its ``max_tokens`` falls in (lengths capped at ``max_tokens``), at the
-    class's temperature; shuffled."""
+    class's temperature; shuffled. A class larger than its bucket's workload repeats prompts, and the
+    classes of one bucket share them; both tables get the same requests, so their ratio is unaffected."""
     import random
 
     from tuning.workload import build_requests

@@ -198,7 +198,8 @@ case $STEP in
     ray_job_ready /root/tm/repro "ray.serve, ray.tune, optuna, lmdeploy, pandas"
     python3 benchmarks/gpu/measure_mtp.py --versions > /root/tm/repro/versions.json 2>&1
     shift
-    W=/root/tm/repro-work; for x in "$@"; do [ "${prev:-}" = --work ] && W=$x; prev=$x; done
+    W=/root/tm/repro-work  # where the sweeps' tables are (the script's --work: its last one wins)
+    for x in "$@"; do [ "${prev:-}" = --work ] && W=$x; case $x in --work=*) W=${x#--work=};; esac; prev=$x; done
     echo "$W" > /root/tm/repro/work_dir
     setsid nohup bash -c "source benchmarks/gpu/device_env.sh; source /root/tm/env.sh;
       python3 benchmarks/gpu/measure_reproducibility.py --ckpt /root/ckpt --out /root/tm/repro --work /root/tm/repro-work $* \
@@ -238,8 +239,9 @@ case $STEP in
     cp /root/tm/repro/*.json /root/tm/repro/*.log /root/tm/repro/*.tgz "$OUT/" 2>/dev/null
     W=$(cat /root/tm/repro/work_dir 2>/dev/null)
     for t in a b; do
-      [ -f "$W/sweep-$t/routing_table.json" ] && mkdir -p "$OUT/work/sweep-$t" && \
-        cp "$W/sweep-$t/routing_table.json" "$W/sweep-$t/sweep.json" "$OUT/work/sweep-$t/" 2>/dev/null
+      if [ -f "$W/sweep-$t/routing_table.json" ]; then
+        mkdir -p "$OUT/work/sweep-$t" && cp "$W/sweep-$t/routing_table.json" "$W/sweep-$t/sweep.json" "$OUT/work/sweep-$t/"
+      fi
     done
     ;;
   serve-collect)

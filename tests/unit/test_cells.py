@@ -193,10 +193,10 @@ def test_two_rounds_a_cell_get_their_cell_only_at_the_noise_pooled_over_the_swee
 
 
 def test_a_within_noise_note_at_the_pooled_noise_names_the_rounds_that_would_tell():
-    """The H200 case: two rounds a config, MTP off measured 1.06x MTP-4 on sampled requests at a log sd of
-    0.11 over 8 df. Not shown, so MTP-4 keeps the cell, and the note says how many rounds per config would
-    tell a gap of that size apart (73 at 80 % power), not only "within noise". A gain shown at the noise but
-    under ``min_gain`` keeps the old wording."""
+    """Illustrative figures: two rounds a config, MTP off measured 1.06x MTP-4 on sampled requests at a log
+    sd of 0.11 over 8 df. Not shown, so MTP-4 keeps the cell, and the note says how many rounds per config
+    would tell a gap of that size apart (73 at 80 % power), not only "within noise". A gain shown at the
+    noise but under ``min_gain`` is named as shown, not as within noise, and is not undecided."""
     import re
 
     from tuning.stats import PooledNoise
@@ -216,5 +216,6 @@ def test_a_within_noise_note_at_the_pooled_noise_names_the_rounds_that_would_tel
     # Shown at the pooled noise (1.5x) but under a 60 % floor: the gain, not the noise, kept it.
     shown = [*two[:2], _m(4, "sampled", 16, 2000, 2040), _m(0, "sampled", 16, 3000, 3060)]
     floor = choose_cells(shown, primary_band="greedy", primary_in_flight=16, noise=noise, min_gain=0.6)["le1024"]
-    assert floor.cells == () and "(not shown above it, or gain <= 60%)" in floor.notes[0]
-    assert "rounds per config" not in floor.notes[0]
+    assert floor.cells == () and "shown above it but by no more than 60%: kept" in floor.notes[0]
+    assert "rounds per config" not in floor.notes[0] and "within noise" not in floor.notes[0]
+    assert floor.undecided == () and [(u.band, u.in_flight) for u in choice.undecided] == [("sampled", 16)]

@@ -27,7 +27,7 @@ def test_the_rounds_are_the_fewest_that_separate_the_ratio(sd, df, ratio):
     assert n == 2 or _margin(noise, ratio, n - 1) < 0
 
 
-def test_the_h200_case():
+def test_an_illustrative_case():
     """Log sd 0.11 over 8 df: a true 0.8x gap needs 5 rounds a config, not the sweep's 2; the measured 1.06x
     would need 73 (2 x ((2.306 + 0.889) x 0.11 / 0.0583)^2 = 72.7)."""
     noise = PooledNoise(0.11, 8)

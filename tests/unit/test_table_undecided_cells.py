@@ -5,7 +5,7 @@ from __future__ import annotations
 from orchestrator.config import EngineConfig
 from orchestrator.table import Provenance
 from tuning.buckets import make_buckets
-from tuning.results import pick_best, results_frame, rows_for_trial
+from tuning.results import pick_best, results_frame, rows_for_trial, undecided_cells
 from tuning.sweep.space import ROLE_MTP_OFF, ROLE_STATIC
 
 BUCKETS = make_buckets((1024,), concurrency_levels=(64,), num_prompts=64, temperatures=(0.0, 0.8))
@@ -98,3 +98,20 @@ def test_decide_rows_never_stand_for_a_buckets_primary_cell():
     assert [(r.temperature, r.primary_load) for r in kept] == [(0.8, False), (0.8, False)]
     assert sweep_rows([ResultRow(sweep_id="t", trial_id="d", role="decide", status="ok", bucket="other",
                                  concurrency=64, temperature=0.8)], BUCKETS) == []
+
+
+def test_a_comparison_measured_again_already_is_not_planned_a_third_time():
+    """A resumed sweep that only commits must not start engines again for a cell its earlier decide phase
+    measured; one whose configs were not both measured again still is."""
+    import pandas as pd
+
+    from tuning.sweep.decide import ROLE_DECIDE, plan_decision
+
+    df, table = _frame_and_table([1050, 1160])
+    sampled = df[(df["sampling_band"] == "sampled")]
+    again = sampled.assign(role=ROLE_DECIDE, trial_id="d", primary_load=False)
+    merged = pd.concat([df, again], ignore_index=True)
+    assert undecided_cells(merged, BUCKETS, table)  # still not shown: only the decide rows keep it from the plan
+    assert plan_decision(merged, BUCKETS, table, rounds=5) is None
+    one = again[again["speculative"].astype(bool)]
+    assert plan_decision(pd.concat([df, one], ignore_index=True), BUCKETS, table, rounds=5) is not None

@@ -4,9 +4,14 @@ A cell comparison within noise keeps the bucket's config: "not shown", not "the 
 gap is real but the rounds were too few to show it, a second sweep of the same space can show it and
 commit another route, and tables of one space then differ on the mix by as much as that gap. With
 ``decide_rounds`` the sweep measures each such comparison again before it commits: both configs of every
-undecided (bucket, sampling band, load) get a fresh engine and ``R`` more rounds of exactly those cells;
-the rounds of both measurements are pooled (:func:`tuning.results.cell_measurements` merges them) and the
-table is chosen again from all of it.
+undecided (bucket, sampling band, load) get a fresh engine and ``R`` more rounds of those cells' temperatures
+x loads (a bucket whose undecided cells differ in both measures their cross product); the rounds of both
+measurements are pooled (:func:`tuning.results.cell_measurements` merges them) and the table is chosen
+again from all of it.
+
+What the re-test costs in rigour: testing again at the same level after pooling raises the chance of
+calling two equal configs different (about 6 % instead of 5 % at 95 %, 2 rounds then 2 + 4, simulated),
+and the pooled rounds come from two engine starts, whose difference the pooled noise does not hold.
 
 :func:`plan_decision` is pure (results and the chosen table in, what to re-measure out);
 :func:`run_decision` runs it as a second Tune experiment (``<run_dir>/decide``: its trial reports and
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +33,7 @@ from orchestrator.table import RoutingTable
 from tuning.buckets import Bucket
 from tuning.cells import Undecided
 from tuning.results import STATUS_OK, Constraints, config_of_row, undecided_cells
+from tuning.sweep.budget import BUDGET_FILE
 from tuning.sweep.records import ResultRow
 
 __all__ = ["DECIDE_DIR", "ROLE_DECIDE", "DecisionPlan", "earlier_rows", "plan_decision", "run_decision",
@@ -36,7 +43,6 @@ logger = logging.getLogger(__name__)
 
 ROLE_DECIDE = "decide"
 DECIDE_DIR = "decide"
-_PARAMS = ("speculative", "num_draft_tokens", "backend", "memory_fraction", "max_batch_size")
 
 
 @dataclass(frozen=True)
@@ -52,22 +58,26 @@ class DecisionPlan:
     def describe(self) -> str:
         cells = ", ".join(f"{u.bucket} {u.band}@{u.in_flight}" for u in self.undecided)
         return (f"{len(self.undecided)} cell comparison(s) within noise ({cells}): {len(self.points)} config(s) "
-                f"measured again on a fresh engine each, {self.rounds} rounds per cell")
+                f"to measure again on a fresh engine each, {self.rounds} rounds per cell")
 
 
 def plan_decision(results: Any, buckets: Sequence[Bucket], table: RoutingTable, rounds: int,
                   constraints: Constraints = Constraints()) -> DecisionPlan | None:
     """The re-measurement the undecided cells of ``table`` (chosen from ``results``) ask for, or ``None``
-    when there is none (or ``rounds`` is 0). A config whose trial params cannot be read back from its rows
-    is left out (its comparison stays undecided)."""
+    when there is none (or ``rounds`` is 0). A comparison whose two configs both have decide rows on its
+    cell already (an earlier decide phase of a resumed sweep) is not measured a third time: a resume
+    that only commits must not start engines again."""
     if rounds < 0:
         raise ValueError(f"rounds={rounds}; allowed: >= 0")
     if rounds == 0:
         return None
-    undecided = undecided_cells(results, buckets, table, constraints)
+    ok = results[results["status"] == STATUS_OK]
+    again = {(r["bucket"], r["sampling_band"], int(r["concurrency"]), r["engine_key"])
+             for r in ok[ok["role"] == ROLE_DECIDE].to_dict("records")} if "role" in ok else set()
+    undecided = [u for u in undecided_cells(results, buckets, table, constraints)
+                 if not {(u.bucket, u.band, u.in_flight, k) for k in (u.best_key, u.kept_key)} <= again]
     if not undecided:
         return None
-    ok = results[results["status"] == STATUS_OK]
     points: dict[str, dict[str, Any]] = {}
     for key in dict.fromkeys(k for u in undecided for k in (u.best_key, u.kept_key)):
         rows = ok[ok["engine_key"] == key]
@@ -143,6 +153,9 @@ def run_decision(spec: Any, plan: DecisionPlan) -> list[ResultRow]:
 
     run_dir = Path(spec.run_dir) / DECIDE_DIR
     run_dir.mkdir(parents=True, exist_ok=True)
+    budget = Path(spec.run_dir) / BUDGET_FILE  # the sweep's deadline holds for these engine starts too
+    if budget.exists():
+        shutil.copyfile(budget, run_dir / BUDGET_FILE)
     points = []
     for key, params in plan.points.items():
         built = spec.space.config_from_trial_config(params).key()

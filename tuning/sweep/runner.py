@@ -130,9 +130,11 @@ def _cache_seed(rows: Sequence[ResultRow]) -> dict[str, list[ResultRow]]:
 
 
 def _decide(spec: SweepSpec, rows: list[ResultRow], df: Any, traffic: Any) -> tuple[list[ResultRow], Any, str | None]:
-    """With ``spec.decide_rounds``: the cell comparisons the results leave within noise measured again
-    (:mod:`tuning.sweep.decide`), their rows added; and the note saying so (``None``: nothing to decide, or the
-    results do not make a table yet). Not after the time budget: no engine starts then."""
+    """With ``spec.decide_rounds``: the cell comparisons the results leave within noise, and not measured
+    again yet, measured again (:mod:`tuning.sweep.decide`), their rows added; and the note saying so
+    (``None``: nothing to decide, or the results do not make a table yet). Not after the time budget (no
+    engine starts then). A decide phase that fails leaves the results as they were, with a note saying why:
+    the sweep's own measurements and table never depend on it."""
     from tuning.sweep.budget import BUDGET_FILE, read_budget, time_budget_spent
     from tuning.sweep.decide import plan_decision, run_decision
 
@@ -140,15 +142,21 @@ def _decide(spec: SweepSpec, rows: list[ResultRow], df: Any, traffic: Any) -> tu
         first = choose_table(df, spec, provenance_for(spec, df), traffic)
     except RoutingTableError:
         return rows, df, None
-    plan = plan_decision(df, spec.buckets, first, spec.decide_rounds, spec.constraints)
-    if plan is None:
-        return rows, df, None
-    if time_budget_spent(read_budget(Path(spec.run_dir) / BUDGET_FILE)):
-        return rows, df, f"decide: {plan.describe()} wanted, not run: the time budget was spent"
-    print(f"decide: {plan.describe()} ...", file=sys.stderr, flush=True)  # engine starts: minutes on GPUs
-    added = run_decision(spec, plan)
+    try:
+        plan = plan_decision(df, spec.buckets, first, spec.decide_rounds, spec.constraints)
+        if plan is None:
+            return rows, df, None
+        if time_budget_spent(read_budget(Path(spec.run_dir) / BUDGET_FILE)):
+            return rows, df, f"decide: {plan.describe()} wanted, not run: the time budget was spent"
+        print(f"decide: {plan.describe()} ...", file=sys.stderr, flush=True)  # engine starts: minutes on GPUs
+        added = run_decision(spec, plan)
+    except Exception as e:  # noqa: BLE001 - Ray, Tune and config errors alike: the first table still stands
+        logger.exception("decide phase failed")
+        return rows, df, f"decide: failed ({type(e).__name__}: {str(e)[:300]}); the table is chosen from the first rounds"
+    measured = sorted({r.engine_label or r.engine_key or "?" for r in added})
     rows = [*rows, *added]
-    return rows, results_frame(rows), f"decide: {plan.describe()} ({len(added)} rows added)"
+    return rows, results_frame(rows), (f"decide: {plan.describe()}; measured again: {', '.join(measured) or 'none'} "
+                                       f"({len(added)} rows)")
 
 
 def run_sweep(
@@ -244,10 +252,11 @@ def run_sweep(
 
         rows += earlier_rows(run_dir, spec.buckets)
     df = results_frame(rows)
+    paths = write_results(df, run_dir)  # before any decide phase: the measurements are kept whatever it does
     decided = None
     if spec.decide_rounds:
         rows, df, decided = _decide(spec, rows, df, traffic)
-    paths = write_results(df, run_dir)
+        paths = write_results(df, run_dir)
     table = table_path = None
     error = None
     try:

@@ -39,8 +39,9 @@ def print_summary(outcome: SweepOutcome, *, console: Any = None, traffic: Any = 
     spec = outcome.spec
     tag = "SIMULATED — simulator profile, not a GPU measurement" if spec.simulated else "measured on GPUs"
     df = outcome.results
-    n_trials = df["trial_id"].nunique() if not df.empty else 0
-    n_failed = df[df["status"] != STATUS_OK]["trial_id"].nunique() if not df.empty else 0
+    trials = df[df["role"] != "decide"] if not df.empty and "role" in df else df  # decide: measured again, noted
+    n_trials = trials["trial_id"].nunique() if not trials.empty else 0
+    n_failed = trials[trials["status"] != STATUS_OK]["trial_id"].nunique() if not trials.empty else 0
     if outcome.table is not None:
         budget = outcome.table.provenance.gpu_budget
         title = ("Best config per bucket" if budget is None
