@@ -75,6 +75,8 @@ def print_summary(outcome: SweepOutcome, *, console: Any = None, traffic: Any = 
     if outcome.table_path is not None:
         console.print(f"routing table:  {outcome.table_path} (version {outcome.table.version})")
     console.print(f"engine logs:    {Path(spec.run_dir) / 'engine-logs'}")
+    if (Path(spec.run_dir) / "decide" / "engine-logs").is_dir():  # the undecided cells measured again
+        console.print(f"                {Path(spec.run_dir) / 'decide' / 'engine-logs'}")
     console.print("next:")
     for what, command in next_commands(outcome):
         console.print(f"  {what:<15} {command}", markup=False, highlight=False, soft_wrap=True)
