@@ -110,6 +110,7 @@ def _params(row: Mapping[str, Any]) -> dict[str, Any]:
         params["backend"] = backend
     if cfg.get("max_batch_size") is not None:
         params["max_batch_size"] = cfg["max_batch_size"]
+    params["extra_flags"] = list(cfg.get("extra_flags") or ())  # all of them: run_decision takes off the space's
     return params
 
 
@@ -157,10 +158,13 @@ def run_decision(spec: Any, plan: DecisionPlan) -> list[ResultRow]:
     if budget.exists():
         shutil.copyfile(budget, run_dir / BUDGET_FILE)
     points = []
+    own = list(spec.space.extra_flags)
     for key, params in plan.points.items():
-        built = spec.space.config_from_trial_config(params).key()
+        flags = list(params.get("extra_flags") or ())
+        point = {"role": ROLE_DECIDE, **params, "extra_flags": flags[len(own):] if flags[:len(own)] == own else flags}
+        built = spec.space.config_from_trial_config(point).key()
         if built == key:
-            points.append({"role": ROLE_DECIDE, **params})
+            points.append(point)
         else:
             logger.warning("decide: %s is built as %s from its params; not measured again", key, built)
     if not points:
