@@ -591,7 +591,10 @@ def _serve_until_interrupted(started_cluster: bool) -> None:
                                     if started_cluster else ""), flush=True)
     try:
         while True:
-            time.sleep(3600)
+            # Short sleeps: a process-directed SIGINT can land on one of Ray's threads, which only sets
+            # Python's flag; the main thread raises KeyboardInterrupt when it next wakes, so an hour-long
+            # sleep ignored Ctrl-C for up to an hour.
+            time.sleep(1)
     except KeyboardInterrupt:
         pass
     finally:
