@@ -581,10 +581,10 @@ def _client_host(bind_host: str) -> str:
 @contextlib.contextmanager
 def _children_ignore_ctrl_c() -> Iterator[None]:
     """SIGINT ignored while the local Ray cluster starts, so its processes (GCS, raylet, and the workers the
-    raylet starts later, Serve's controller among them) inherit the ignore: a terminal's Ctrl-C reaches the
-    whole foreground process group, and a controller dying of it leaves this driver's ``serve.shutdown()``
-    waiting on it for minutes. This process gets its own handler back, so Ctrl-C still stops it, and it then
-    stops Serve and the cluster in order."""
+    raylet starts later) inherit the ignore: a terminal's Ctrl-C reaches the whole foreground process group,
+    and a cluster dying of it while this driver shuts Serve down leaves the driver retrying a vanished GCS
+    for minutes. This process gets its own handler back, so Ctrl-C still stops it, and it then stops Serve
+    and the cluster in order."""
     import signal
 
     if threading.current_thread() is not threading.main_thread():  # signal handlers: main thread only
