@@ -57,15 +57,13 @@ replicas are replaced, so clients or a load balancer should re-read them (or put
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import logging
 import shlex
 import sys
-import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -508,8 +506,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     connected_before = ray.is_initialized()  # a caller's driver (tests, notebooks) owns its cluster
     try:
-        with _children_ignore_ctrl_c():
-            connect(ns.address)
+        connect(ns.address)
     except RayAuthError as e:
         print(f"error: {e}\nNothing was deployed.", file=sys.stderr)
         return 2
@@ -576,25 +573,6 @@ def _is_loopback(host: str) -> bool:
 def _client_host(bind_host: str) -> str:
     """Where a client on this machine reaches a proxy bound to ``bind_host``."""
     return {"0.0.0.0": LOOPBACK, "::": "::1", "": LOOPBACK}.get(bind_host, bind_host)
-
-
-@contextlib.contextmanager
-def _children_ignore_ctrl_c() -> Iterator[None]:
-    """SIGINT ignored while the local Ray cluster starts, so its processes (GCS, raylet, and the workers the
-    raylet starts later) inherit the ignore: a terminal's Ctrl-C reaches the whole foreground process group,
-    and a cluster dying of it while this driver shuts Serve down leaves the driver retrying a vanished GCS
-    for minutes. This process gets its own handler back, so Ctrl-C still stops it, and it then stops Serve
-    and the cluster in order."""
-    import signal
-
-    if threading.current_thread() is not threading.main_thread():  # signal handlers: main thread only
-        yield
-        return
-    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, before)
 
 
 def _serve_until_interrupted(started_cluster: bool) -> None:
