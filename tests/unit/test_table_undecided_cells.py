@@ -20,8 +20,9 @@ def _bench(rounds: list[float]) -> dict:
             "simulated": True, "repeat_output_throughputs": rounds}
 
 
-def _table(sampled_off: list[float]):
-    """MTP-4 clearly wins greedy (the primary); sampled, MTP off leads MTP-4 by ``sampled_off``'s rounds."""
+def _frame_and_table(sampled_off: list[float]):
+    """Results and their table: MTP-4 clearly wins greedy (the primary); sampled, MTP off leads MTP-4 by
+    ``sampled_off``'s rounds."""
     figures = {0: {0.0: [1000, 1100], 0.8: sampled_off}, 4: {0.0: [1500, 1650], 0.8: [1000, 1100]}}
     rows = []
     for tid, role, drafts in (("a", ROLE_MTP_OFF, 0), ("b", ROLE_STATIC, 4)):
@@ -29,7 +30,12 @@ def _table(sampled_off: list[float]):
                            speculative_algorithm="qwen3_5_mtp" if drafts else None, num_draft_tokens=drafts)
         meas = {BUCKETS[0].measurement_key(64, t): _bench(v) for t, v in figures[drafts].items()}
         rows += rows_for_trial(sweep_id="t", trial_id=tid, role=role, config=cfg, buckets=BUCKETS, measurements=meas)
-    return pick_best(results_frame(rows), BUCKETS, provenance=PROV)
+    df = results_frame(rows)
+    return df, pick_best(df, BUCKETS, provenance=PROV)
+
+
+def _table(sampled_off: list[float]):
+    return _frame_and_table(sampled_off)[1]
 
 
 def test_an_undecided_cell_is_named_with_the_rounds_that_would_decide_it():
@@ -46,18 +52,6 @@ def test_a_decided_cell_leaves_no_such_note():
     table = _table([1600, 1700])  # sampled, MTP off well above MTP-4 (1,000 / 1,100): a cell
     assert [c.sampling for c in table.bucket("le1024").cells] == ["sampled"]
     assert [n for n in table.provenance.notes if not n.startswith("noise:")] == []
-
-
-def _frame_and_table(sampled_off: list[float]):
-    figures = {0: {0.0: [1000, 1100], 0.8: sampled_off}, 4: {0.0: [1500, 1650], 0.8: [1000, 1100]}}
-    rows = []
-    for tid, role, drafts in (("a", ROLE_MTP_OFF, 0), ("b", ROLE_STATIC, 4)):
-        cfg = EngineConfig(backend="sim", model="m", tp=1, memory_fraction=0.8,
-                           speculative_algorithm="qwen3_5_mtp" if drafts else None, num_draft_tokens=drafts)
-        meas = {BUCKETS[0].measurement_key(64, t): _bench(v) for t, v in figures[drafts].items()}
-        rows += rows_for_trial(sweep_id="t", trial_id=tid, role=role, config=cfg, buckets=BUCKETS, measurements=meas)
-    df = results_frame(rows)
-    return df, pick_best(df, BUCKETS, provenance=PROV)
 
 
 def test_the_decision_plan_measures_both_configs_on_the_undecided_cell_only():
