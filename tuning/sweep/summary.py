@@ -15,6 +15,7 @@ from tuning.results import (
     busy_host_rows,
     summary_rows,
 )
+from tuning.sweep.decide import DECIDE_DIR, ROLE_DECIDE
 from tuning.sweep.runner import SweepOutcome
 from tuning.sweep.spec import SweepSpec
 
@@ -39,7 +40,7 @@ def print_summary(outcome: SweepOutcome, *, console: Any = None, traffic: Any = 
     spec = outcome.spec
     tag = "SIMULATED — simulator profile, not a GPU measurement" if spec.simulated else "measured on GPUs"
     df = outcome.results
-    trials = df[df["role"] != "decide"] if not df.empty and "role" in df else df  # decide: measured again, noted
+    trials = df[df["role"] != ROLE_DECIDE] if not df.empty and "role" in df else df  # measured again, noted
     n_trials = trials["trial_id"].nunique() if not trials.empty else 0
     n_failed = trials[trials["status"] != STATUS_OK]["trial_id"].nunique() if not trials.empty else 0
     if outcome.table is not None:
@@ -75,8 +76,8 @@ def print_summary(outcome: SweepOutcome, *, console: Any = None, traffic: Any = 
     if outcome.table_path is not None:
         console.print(f"routing table:  {outcome.table_path} (version {outcome.table.version})")
     console.print(f"engine logs:    {Path(spec.run_dir) / 'engine-logs'}")
-    if (Path(spec.run_dir) / "decide" / "engine-logs").is_dir():  # the undecided cells measured again
-        console.print(f"                {Path(spec.run_dir) / 'decide' / 'engine-logs'}")
+    if (Path(spec.run_dir) / DECIDE_DIR / "engine-logs").is_dir():  # the undecided cells measured again
+        console.print(f"                {Path(spec.run_dir) / DECIDE_DIR / 'engine-logs'}")
     console.print("next:")
     for what, command in next_commands(outcome):
         console.print(f"  {what:<15} {command}", markup=False, highlight=False, soft_wrap=True)
