@@ -55,6 +55,7 @@ __all__ = [
     "config_of_row",
     "failed_rows",
     "pick_best",
+    "primary_rows",
     "measured_at_primary",
     "repeat_throughputs",
     "results_frame",
@@ -262,11 +263,16 @@ def results_frame(rows: Iterable[Any]) -> pd.DataFrame:
     return df
 
 
+def primary_rows(results: pd.DataFrame) -> pd.DataFrame:
+    """The rows measured at their bucket's primary load and temperature (every row of results from before
+    the ``primary_load`` column)."""
+    return results[results["primary_load"].astype(bool)] if "primary_load" in results else results
+
+
 def successful_primary_rows(results: pd.DataFrame) -> pd.DataFrame:
     """The rows that stand for a config on a bucket: measured without failure, with a throughput, at the
     bucket's primary load (every such row in results from before the ``primary_load`` column)."""
-    ok = results[(results["status"] == STATUS_OK) & results["output_throughput"].notna()]
-    return ok[ok["primary_load"].astype(bool)] if "primary_load" in ok else ok
+    return primary_rows(results[(results["status"] == STATUS_OK) & results["output_throughput"].notna()])
 
 
 def write_results(df: pd.DataFrame, run_dir: str | Path) -> tuple[Path, Path]:
@@ -592,8 +598,9 @@ def pick_best(
         variants = []
         cells: tuple[Cell, ...] = ()
         if len(b.temperatures) > 1:
-            cells, kept = _cells(b, at_bucket, row["engine_key"], constraints, cell_min_gain, noise)
-            within.extend(kept)  # a cell left undecided is what a second sweep may decide otherwise
+            choice = _cells(b, at_bucket, row["engine_key"], constraints, cell_min_gain, noise)
+            cells = choice.cells
+            within.extend(f"{b.name} {n}" for n in choice.notes)  # an undecided cell: a second sweep may differ
         for c in b.concurrency_levels[1:] if len(b.temperatures) == 1 else ():
             at_c = _at_temperature(at_bucket, b.primary_temperature)
             at_c = at_c[at_c["concurrency"] == c]
@@ -665,17 +672,17 @@ def cell_measurements(rows: pd.DataFrame, b: Bucket) -> list[Any]:
 
 
 def _cells(b: Bucket, at_bucket: pd.DataFrame, primary_key: str, constraints: Constraints,
-           min_gain: float, noise: PooledNoise | None = None) -> tuple[tuple[Cell, ...], list[str]]:
-    """The bucket's cells from its rows at every (temperature, concurrency), and why others were not."""
+           min_gain: float, noise: PooledNoise | None = None) -> Any:
+    """The bucket's :class:`tuning.cells.BucketChoice` from its rows at every (temperature, concurrency):
+    its cells, why others were not written (notes) and the comparisons left within noise."""
     from tuning.cells import choose_cells
 
     eligible = at_bucket[constraints.mask(at_bucket)] if not at_bucket.empty else at_bucket
     measured = cell_measurements(eligible, b)
     primary_band = routing.band_of(b.primary_temperature)
     assert primary_band is not None
-    choice = choose_cells(measured, primary_band=primary_band.name, primary_in_flight=b.primary_concurrency,
-                          min_gain=min_gain, primary_keys={b.name: primary_key}, noise=noise)[b.name]
-    return choice.cells, [f"{b.name} {n}" for n in choice.notes]
+    return choose_cells(measured, primary_band=primary_band.name, primary_in_flight=b.primary_concurrency,
+                        min_gain=min_gain, primary_keys={b.name: primary_key}, noise=noise)[b.name]
 
 
 def undecided_cells(results: pd.DataFrame, buckets: Sequence[Bucket], table: RoutingTable,
@@ -683,23 +690,11 @@ def undecided_cells(results: pd.DataFrame, buckets: Sequence[Bucket], table: Rou
     """The cell comparisons of ``table`` (chosen from ``results``) left within noise
     (:class:`tuning.cells.Undecided`), against each bucket's primary as the table routes it and at the noise
     pooled over ``results``, as :func:`pick_best` decided them."""
-    from tuning.cells import choose_cells
-
     ok = results[(results["status"] == STATUS_OK) & results["output_throughput"].notna()]
     noise = pooled_noise(results)
-    out: list[Any] = []
-    for b in buckets:
-        if len(b.temperatures) < 2:
-            continue
-        at_bucket = ok[ok["bucket"] == b.name]
-        eligible = at_bucket[constraints.mask(at_bucket)] if not at_bucket.empty else at_bucket
-        primary_band = routing.band_of(b.primary_temperature)
-        assert primary_band is not None
-        choice = choose_cells(cell_measurements(eligible, b), primary_band=primary_band.name,
-                              primary_in_flight=b.primary_concurrency, min_gain=CELL_MIN_GAIN,
-                              primary_keys={b.name: table.bucket(b.name).engine_config().key()}, noise=noise)
-        out.extend(choice[b.name].undecided)
-    return out
+    return [u for b in buckets if len(b.temperatures) > 1
+            for u in _cells(b, ok[ok["bucket"] == b.name], table.bucket(b.name).engine_config().key(), constraints,
+                            CELL_MIN_GAIN, noise).undecided]
 
 
 def _fit_cells(routes: list[BucketRoute], budget: GpuBudget) -> tuple[list[BucketRoute], list[str]]:

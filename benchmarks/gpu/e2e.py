@@ -176,14 +176,10 @@ def sweep_cmd(a: argparse.Namespace, run_dir: Path, *, sweep_id: str, num_trials
     return cmd
 
 
-def _primary(rows: Any) -> Any:
-    """The rows measured at their bucket's primary load and temperature (all rows of results without the
-    column)."""
-    return rows[rows["primary_load"].astype(bool)] if "primary_load" in rows else rows
-
-
 def summarize_run(run_dir: Path) -> dict[str, Any]:
     import pandas as pd
+
+    from tuning.results import primary_rows
 
     df = pd.read_csv(run_dir / "results.csv")
     trials = []
@@ -196,8 +192,8 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
             "measured_from": ok["started_at"].min() if "started_at" in ok and len(ok) else None,
             "measured_to": ok["finished_at"].max() if "finished_at" in ok and len(ok) else None,
             # each bucket's primary row (a temperature or load sweep has more rows per bucket)
-            "tput": {r["bucket"]: _num(r["output_throughput"]) for _, r in _primary(g).iterrows()},
-            "accept_length": {r["bucket"]: _num(r.get("accept_length")) for _, r in _primary(g).iterrows()},
+            "tput": {r["bucket"]: _num(r["output_throughput"]) for _, r in primary_rows(g).iterrows()},
+            "accept_length": {r["bucket"]: _num(r.get("accept_length")) for _, r in primary_rows(g).iterrows()},
             "cpus": _num(g["cpus"].iloc[0]) if "cpus" in g else None,
             "failure": str(g["failure_reason"].dropna().iloc[0])[:400] if g["failure_reason"].notna().any() else "",
         })
