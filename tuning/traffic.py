@@ -69,7 +69,8 @@ class TrafficMix(_Model):
                              "(the engine's default, e.g. 0.7 for LMDeploy's OpenAI endpoints)")
         return self
 
-    def _normalised(self) -> list[tuple[RequestClass, float]]:
+    def normalised(self) -> list[tuple[RequestClass, float]]:
+        """Each class with its share of the requests, the shares summing to 1."""
         total = sum(c.share for c in self.classes)
         return [(c, c.share / total) for c in self.classes]
 
@@ -82,7 +83,7 @@ class TrafficMix(_Model):
         if by not in ("requests", "tokens"):
             raise TrafficError(f"by={by!r}; allowed: requests, tokens")
         out: Counter[tuple[str, str]] = Counter()
-        for c, share in self._normalised():
+        for c, share in self.normalised():
             band = table.band_for(self.temperature_of(c))
             if band is None:
                 raise TrafficError(f"temperature {self.temperature_of(c)} falls in no sampling band of the table "

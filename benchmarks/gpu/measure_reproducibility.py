@@ -94,10 +94,8 @@ def mix_requests(buckets: Sequence[Any], mix: TrafficMix, tokenizer: Any, total:
     from tuning.workload import build_requests
 
     pools = {b.name: build_requests(b.workload_at(b.primary_concurrency), tokenizer) for b in buckets}
-    total_share = sum(c.share for c in mix.classes)
     reqs: list[tuple[str, int, float]] = []
-    for i, c in enumerate(mix.classes):
-        share = c.share / total_share
+    for i, (c, share) in enumerate(mix.normalised()):
         bucket = next((b for b in buckets if c.max_tokens <= b.max_output_len), buckets[-1])
         pool = pools[bucket.name]
         for k in range(max(1, round(share * total))):
