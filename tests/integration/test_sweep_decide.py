@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import EngineConfig
+from tests.bench_results import bench_result
 from tuning.buckets import make_buckets
 from tuning.results import cell_measurements, results_frame, rows_for_trial
 from tuning.sweep import SweepSpec
@@ -25,13 +26,6 @@ def ray_local():
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     yield
     ray.shutdown()
-
-
-def _bench(rounds: list[float]) -> dict:
-    lat = {"mean": 10.0, "median": 10.0, "p99": 20.0}
-    return {"output_throughput": min(rounds), "request_throughput": 1.0, "completed": 64, "failed": 0,
-            "failure_reasons": {}, "ttft_ms": lat, "tpot_ms": lat, "itl_ms": lat, "e2e_ms": lat, "accept_length": 2.0,
-            "simulated": True, "repeat_output_throughputs": rounds}
 
 
 def test_an_undecided_cell_is_measured_again_and_pooled(tmp_path):
@@ -52,7 +46,7 @@ def test_an_undecided_cell_is_measured_again_and_pooled(tmp_path):
     for point in space.points:
         cfg = space.config_from_trial_config(point.params)
         configs[point.role] = cfg
-        meas = {BUCKETS[0].measurement_key(64, t): _bench(v) for t, v in figures[point.role].items()}
+        meas = {BUCKETS[0].measurement_key(64, t): bench_result(v) for t, v in figures[point.role].items()}
         rows += [ResultRow.from_mapping(r) for r in rows_for_trial(
             sweep_id="decide", trial_id=point.role, role=point.role, config=cfg, buckets=BUCKETS, measurements=meas)]
 
@@ -77,6 +71,6 @@ def test_an_undecided_cell_is_measured_again_and_pooled(tmp_path):
     decided = {ROLE_MTP_OFF: {0.0: [1000, 1010], 0.8: [1600, 1610]}, ROLE_STATIC: {0.0: [1500, 1510], 0.8: [1000, 1010]}}
     clear = [ResultRow.from_mapping(r) for role, cfg in configs.items() for r in rows_for_trial(
         sweep_id="decide", trial_id=role, role=role, config=cfg, buckets=BUCKETS,
-        measurements={BUCKETS[0].measurement_key(64, t): _bench(v) for t, v in decided[role].items()})]
+        measurements={BUCKETS[0].measurement_key(64, t): bench_result(v) for t, v in decided[role].items()})]
     again, _, again_note = _decide(spec, clear, results_frame(clear), traffic=None)
     assert again_note is None and again == clear

@@ -3,6 +3,7 @@ summary and the report print them): it is where a second sweep may decide otherw
 from __future__ import annotations
 
 from orchestrator.config import EngineConfig
+from tests.bench_results import bench_result
 from orchestrator.table import Provenance
 from tuning.buckets import make_buckets
 from tuning.results import pick_best, results_frame, rows_for_trial, undecided_cells
@@ -13,13 +14,6 @@ PROV = Provenance(model="m", gpu_type="none (simulated)", gpu_count=0, sweep_id=
                   created_at="2026-12-04T00:00:00+00:00", simulated=True)
 
 
-def _bench(rounds: list[float]) -> dict:
-    lat = {"mean": 10.0, "median": 10.0, "p99": 20.0}
-    return {"output_throughput": sorted(rounds)[0], "request_throughput": 1.0, "completed": 64, "failed": 0,
-            "failure_reasons": {}, "ttft_ms": lat, "tpot_ms": lat, "itl_ms": lat, "e2e_ms": lat, "accept_length": 2.0,
-            "simulated": True, "repeat_output_throughputs": rounds}
-
-
 def _frame_and_table(sampled_off: list[float]):
     """Results and their table: MTP-4 clearly wins greedy (the primary); sampled, MTP off leads MTP-4 by
     ``sampled_off``'s rounds."""
@@ -28,7 +22,7 @@ def _frame_and_table(sampled_off: list[float]):
     for tid, role, drafts in (("a", ROLE_MTP_OFF, 0), ("b", ROLE_STATIC, 4)):
         cfg = EngineConfig(backend="sim", model="m", tp=1, memory_fraction=0.8,
                            speculative_algorithm="qwen3_5_mtp" if drafts else None, num_draft_tokens=drafts)
-        meas = {BUCKETS[0].measurement_key(64, t): _bench(v) for t, v in figures[drafts].items()}
+        meas = {BUCKETS[0].measurement_key(64, t): bench_result(v) for t, v in figures[drafts].items()}
         rows += rows_for_trial(sweep_id="t", trial_id=tid, role=role, config=cfg, buckets=BUCKETS, measurements=meas)
     df = results_frame(rows)
     return df, pick_best(df, BUCKETS, provenance=PROV)
