@@ -576,8 +576,13 @@ def _client_host(bind_host: str) -> str:
 
 
 def _serve_until_interrupted(started_cluster: bool) -> None:
-    """Keep the driver (and with it a cluster it started) alive until Ctrl-C or SIGTERM, then stop
-    what this command started."""
+    """Keep the driver (and with it a cluster it started) alive until Ctrl-C (SIGINT) or SIGTERM, then
+    stop what this command started.
+
+    Both handlers are installed here, SIGINT's too: a command started with ``&`` from a script (a shell
+    without job control) inherits SIGINT ignored, as POSIX asks of such shells, and Python then installs
+    no KeyboardInterrupt handler at all, so ``kill -INT`` (or a supervisor's Ctrl-C) would leave the
+    cluster and the app running."""
     import signal
 
     import ray
@@ -586,7 +591,8 @@ def _serve_until_interrupted(started_cluster: bool) -> None:
     def _stop(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, _stop)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _stop)
     print("serving until Ctrl-C" + (" (this command runs the local Ray cluster; Ctrl-C stops it and the app)"
                                     if started_cluster else ""), flush=True)
     try:

@@ -73,12 +73,18 @@ def test_the_auth_help_names_every_setting():
 
 # ----- the real CLI ------------------------------------------------------------------------------------
 class Cli:
-    """The deploy command as a subprocess in its own session, its stdout read line by line."""
+    """The deploy command as a subprocess in its own session, its stdout read line by line. With
+    ``sigint_ignored`` it starts as ``cmd &`` from a script starts it: SIGINT inherited ignored (POSIX
+    shells without job control do that to background commands; so did this suite whenever it was itself
+    started that way)."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path, *, sigint_ignored: bool = False) -> None:
         self.stderr = log.open("w")
         self.log = log
-        self.proc = subprocess.Popen([sys.executable, "-m", "orchestrator.deploy", *argv], cwd=ROOT, env=env,
+        command = [sys.executable, "-m", "orchestrator.deploy", *argv]
+        if sigint_ignored:  # the shell ignores SIGINT, and exec keeps an ignored signal ignored
+            command = ["sh", "-c", 'trap "" INT; exec "$0" "$@"', *command]
+        self.proc = subprocess.Popen(command, cwd=ROOT, env=env,
                                      stdout=subprocess.PIPE, stderr=self.stderr, text=True, start_new_session=True)
         self.out: list[str] = []
         self._lines: queue.Queue[str | None] = queue.Queue()
@@ -155,9 +161,10 @@ def test_local_deploy_stays_up_on_loopback_serves_the_printed_first_request_and_
     (tmp_path / "keys.txt").write_text("sk-deploy-cli-test\n")
     port = find_free_port()
     env = _env()
+    # Started as a script's `cmd &` starts it (SIGINT ignored on entry): Ctrl-C must still stop it.
     cli = Cli(["--routing-table", str(table), "--http-port", str(port), "--sim-time-scale", "20",
                "--api-key-file", str(tmp_path / "keys.txt"), "--engine-log-dir", str(tmp_path / "engine-logs")],
-              env, tmp_path / "cli.stderr")
+              env, tmp_path / "cli.stderr", sigint_ignored=True)
     try:
         out = cli.read_until("serving until Ctrl-C")
         assert any(ln.startswith("serving until Ctrl-C") for ln in out), (out, cli.log.read_text()[-3000:])
