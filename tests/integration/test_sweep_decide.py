@@ -50,7 +50,7 @@ def test_an_undecided_cell_is_measured_again_and_pooled(tmp_path):
         rows += [ResultRow.from_mapping(r) for r in rows_for_trial(
             sweep_id="decide", trial_id=point.role, role=point.role, config=cfg, buckets=BUCKETS, measurements=meas)]
 
-    all_rows, df, note = _decide(spec, rows, results_frame(rows), traffic=None)
+    all_rows, df, note = _decide(spec, rows, results_frame(rows))
 
     assert note is not None and note.startswith("decide: 1 cell comparison(s) within noise (le1024 sampled@64)")
     added = all_rows[len(rows):]
@@ -72,5 +72,5 @@ def test_an_undecided_cell_is_measured_again_and_pooled(tmp_path):
     clear = [ResultRow.from_mapping(r) for role, cfg in configs.items() for r in rows_for_trial(
         sweep_id="decide", trial_id=role, role=role, config=cfg, buckets=BUCKETS,
         measurements={BUCKETS[0].measurement_key(64, t): bench_result(v) for t, v in decided[role].items()})]
-    again, _, again_note = _decide(spec, clear, results_frame(clear), traffic=None)
+    again, _, again_note = _decide(spec, clear, results_frame(clear))
     assert again_note is None and again == clear

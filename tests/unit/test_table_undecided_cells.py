@@ -103,3 +103,27 @@ def test_a_comparison_measured_again_already_is_not_planned_a_third_time():
     assert plan_decision(merged, BUCKETS, table, rounds=5) is None
     one = again[again["speculative"].astype(bool)]
     assert plan_decision(pd.concat([df, one], ignore_index=True), BUCKETS, table, rounds=5) is not None
+
+
+def test_the_sweeps_plan_looks_past_the_one_config_rule(tmp_path):
+    """A mix of mostly sampled requests: the table that kept the undecided sampled cell on MTP-4 predicts
+    less than MTP off alone, so the sweep would commit MTP off everywhere, a table with no cell left to
+    decide. The sweep's plan is taken before that rule, so the comparison that tipped it is measured again."""
+    from tuning.sweep import SweepSpec
+    from tuning.sweep.choose import choose_table
+    from tuning.sweep.decide import plan_decision, plan_for_sweep
+    from tuning.sweep.space import SearchSpace
+    from tuning.traffic import TrafficMix
+
+    df, _ = _frame_and_table([1050, 1160])
+    space = SearchSpace(engine="sim", model="m", tp=1, num_draft_tokens=(4,), memory_fraction=(0.8,)).with_baselines()
+    spec = SweepSpec(sweep_id="t", run_dir=str(tmp_path), space=space, buckets=BUCKETS, decide_rounds=3)
+    mostly_sampled = TrafficMix.model_validate({"classes": [{"max_tokens": 1024, "temperature": 0.0, "share": 0.1},
+                                                            {"max_tokens": 1024, "temperature": 0.8, "share": 0.9}]})
+    committed = choose_table(df, spec, PROV, mostly_sampled)
+    assert committed.bucket("le1024").engine_config().speculative_algorithm is None  # MTP off everywhere
+    assert any(n.startswith("one config everywhere") for n in committed.provenance.notes)
+    assert plan_decision(df, BUCKETS, committed, rounds=3) is None  # nothing left to decide in that table
+    plan = plan_for_sweep(df, spec)
+    assert plan is not None and plan.rounds == 3
+    assert [(u.bucket, u.band, u.in_flight) for u in plan.undecided] == [("le1024", "sampled", 64)]

@@ -129,30 +129,34 @@ def _cache_seed(rows: Sequence[ResultRow]) -> dict[str, list[ResultRow]]:
     return by_key
 
 
-def _decide(spec: SweepSpec, rows: list[ResultRow], df: Any, traffic: Any) -> tuple[list[ResultRow], Any, str | None]:
+def _decide(spec: SweepSpec, rows: list[ResultRow], df: Any) -> tuple[list[ResultRow], Any, str | None]:
     """With ``spec.decide_rounds``: the cell comparisons the results leave within noise, and not measured
     again yet, measured again (:mod:`tuning.sweep.decide`), their rows added; and the note saying so
     (``None``: nothing to decide, or the results do not make a table yet). Not after the time budget (no
     engine starts then). A decide phase that fails leaves the results as they were, with a note saying why:
     the sweep's own measurements and table never depend on it."""
     from tuning.sweep.budget import BUDGET_FILE, read_budget, time_budget_spent
-    from tuning.sweep.decide import plan_decision, run_decision
+    from tuning.sweep.decide import plan_for_sweep, run_decision
 
-    try:
-        first = choose_table(df, spec, provenance_for(spec, df), traffic)
-    except RoutingTableError:
-        return rows, df, None
-    try:
-        plan = plan_decision(df, spec.buckets, first, spec.decide_rounds, spec.constraints)
-        if plan is None:
-            return rows, df, None
-        if time_budget_spent(read_budget(Path(spec.run_dir) / BUDGET_FILE)):
-            return rows, df, f"decide: {plan.describe()} wanted, not run: the time budget was spent"
-        print(f"decide: {plan.describe()} ...", file=sys.stderr, flush=True)  # engine starts: minutes on GPUs
-        added = run_decision(spec, plan)
-    except Exception as e:  # noqa: BLE001 - Ray, Tune and config errors alike: the first table still stands
+    def failed(e: Exception) -> tuple[list[ResultRow], Any, str]:
         logger.exception("decide phase failed")
         return rows, df, f"decide: failed ({type(e).__name__}: {str(e)[:300]}); the table is chosen from the first rounds"
+
+    try:
+        plan = plan_for_sweep(df, spec)
+    except RoutingTableError:  # the results make no table yet: nothing to decide
+        return rows, df, None
+    except Exception as e:  # noqa: BLE001 - the first table still stands
+        return failed(e)
+    if plan is None:
+        return rows, df, None
+    if time_budget_spent(read_budget(Path(spec.run_dir) / BUDGET_FILE)):
+        return rows, df, f"decide: {plan.describe()} wanted, not run: the time budget was spent"
+    print(f"decide: {plan.describe()} ...", file=sys.stderr, flush=True)  # engine starts: minutes on GPUs
+    try:
+        added = run_decision(spec, plan)
+    except Exception as e:  # noqa: BLE001 - Ray, Tune and config errors alike: the first table still stands
+        return failed(e)
     measured = sorted({r.engine_label or r.engine_key or "?" for r in added})
     rows = [*rows, *added]
     return rows, results_frame(rows), (f"decide: {plan.describe()}; measured again: {', '.join(measured) or 'none'} "
@@ -255,7 +259,7 @@ def run_sweep(
     paths = write_results(df, run_dir)  # before any decide phase: the measurements are kept whatever it does
     decided = None
     if spec.decide_rounds:
-        rows, df, decided = _decide(spec, rows, df, traffic)
+        rows, df, decided = _decide(spec, rows, df)
         paths = write_results(df, run_dir)
     table = table_path = None
     error = None
