@@ -1,0 +1,269 @@
+"""How often two independent sweeps of one space commit tables within 3 % of each other on the mix, by
+``--decide-rounds``: the sweep's own choosing code (:func:`tuning.sweep.choose.choose_table`,
+:func:`tuning.sweep.decide.plan_for_sweep`) run on measurements drawn from a noise model, many times.
+
+Why a model and not the GPU: whether two sweeps agree is a probability, and one pair of GPU sweeps (issue
+#22 item 2's run) is one draw of it. The model takes its truth and its noise from that run's own
+measurements (``benchmarks/results/gpu_repro_h200_2026-12-04``): each config's throughput on each bucket x
+temperature is the geometric mean of all its rounds in both sweeps, and one round moves by the log sd
+pooled over both sweeps. A round is that truth times ``exp(N(0, round sd))``, times one
+``exp(N(0, start sd))`` per engine start (the variation between engine starts, which the GPU run did not
+measure: 0 by default, stated in the output). The decide phase draws its rounds on fresh engine starts, as
+``tuning.sweep.decide.run_decision`` measures them.
+
+Each committed table is scored on the truth (:func:`tuning.sweep.choose.predict_on_mix` with one round per
+config at its true rate): two tables' ratio on the mix, and each one's ratio to the best table the truth
+allows. Pure CPU; SIMULATED measurements, real choosing code.
+
+    python benchmarks/repro_power.py --pairs 400 --decide-rounds 0,2,4,8
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import platform
+import subprocess
+import sys
+import tarfile
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tuning.results import STATUS_OK, repeat_throughputs, results_frame, rows_for_trial  # noqa: E402
+from tuning.stats import PooledNoise  # noqa: E402
+from tuning.sweep.choose import choose_table, predict_on_mix  # noqa: E402
+from tuning.sweep.decide import ROLE_DECIDE, plan_for_sweep, sweep_rows  # noqa: E402
+from tuning.sweep.provenance import provenance_for  # noqa: E402
+from tuning.sweep.records import ResultRow  # noqa: E402
+from tuning.sweep.spec import SweepSpec, resumed_spec  # noqa: E402
+from tuning.traffic import load_mix  # noqa: E402
+
+RUN = ROOT / "benchmarks/results/gpu_repro_h200_2026-12-04"
+MIX = ROOT / "benchmarks/gpu/payoff_mix_test_ckpt.yaml"
+TOLERANCE = 0.03  # issue #22 item 2: within 3 % of each other on the mix
+
+
+@dataclasses.dataclass(frozen=True)
+class Truth:
+    """Each config's true output tok/s per (bucket, temperature), and the noise of one round."""
+
+    rates: Mapping[tuple[str, str, float], float]  # (role, bucket, temperature) -> tok/s
+    round_sd: float
+    source: str
+
+
+def truth_from_run(run: Path = RUN) -> Truth:
+    """The geometric mean of every round each config made on each cell in both sweeps of ``run``, and the
+    log sd of one round pooled over both (each sweep's ``results.csv`` from its run-dir archive)."""
+    rounds: dict[tuple[str, str, float], list[float]] = defaultdict(list)
+    groups: list[list[float]] = []
+    for name in ("a", "b"):
+        with tarfile.open(run / f"sweep_{name}_run.tgz") as tgz:
+            member = next(m for m in tgz.getmembers() if m.name.endswith("/results.csv"))
+            df = pd.read_csv(tgz.extractfile(member))
+        for row in df[df["status"] == STATUS_OK].to_dict("records"):
+            reps = repeat_throughputs(row)
+            rounds[(row["role"], row["bucket"], float(row["temperature"]))].extend(reps)
+            groups.append(reps)
+    noise = PooledNoise.of(groups)
+    assert noise is not None
+    rates = {k: math.exp(float(np.mean(np.log(v)))) for k, v in rounds.items()}
+    return Truth(rates, noise.sd, f"{run.relative_to(ROOT)} (sweeps a and b, {noise.df} df)")
+
+
+def _bench(rounds: Sequence[float]) -> dict[str, Any]:
+    """A benchmark result as a trial reports one measured in ``rounds`` (the fields the results rows read)."""
+    return {"output_throughput": sorted(rounds)[len(rounds) // 2], "completed": 64, "failed": 0,
+            "failure_reasons": {}, "repeat_output_throughputs": list(rounds), "simulated": True}
+
+
+class Sweeper:
+    """One sweep of ``spec``'s space on measurements drawn from ``truth``: first rounds, then (with
+    ``decide_rounds``) the decide phase's rounds on fresh engines, and the table the sweep commits."""
+
+    def __init__(self, spec: SweepSpec, truth: Truth, traffic: Any, *, start_sd: float = 0.0) -> None:
+        self.spec, self.truth, self.traffic, self.start_sd = spec, truth, traffic, start_sd
+        self.configs = {p.role: spec.space.config_from_trial_config(p.params) for p in spec.space.points}
+        self.role_of = {c.key(): role for role, c in self.configs.items()}
+
+    def _rows(self, rng: np.random.Generator, role: str, buckets: Sequence[Any], rounds: int, trial: str) -> list[ResultRow]:
+        start = rng.normal(0.0, self.start_sd) if self.start_sd else 0.0  # one engine start for all its cells
+        meas = {}
+        for b in buckets:
+            for c, t in b.points():
+                true = self.truth.rates[(role, b.name, float(t))]
+                meas[b.measurement_key(c, t)] = _bench(
+                    [true * math.exp(start + rng.normal(0.0, self.truth.round_sd)) for _ in range(rounds)])
+        return [ResultRow.from_mapping(r) for r in rows_for_trial(
+            sweep_id=self.spec.sweep_id, trial_id=trial, role=role if trial != ROLE_DECIDE else ROLE_DECIDE,
+            config=self.configs[role], buckets=buckets, measurements=meas)]
+
+    def run(self, rng: np.random.Generator, decide_rounds: int) -> tuple[Any, bool]:
+        """The committed table, and whether a decide phase measured anything."""
+        rows = [r for role in self.configs for r in self._rows(rng, role, self.spec.buckets, self.spec.repeats, role)]
+        df = results_frame(rows)
+        table = choose_table(df, self.spec, provenance_for(self.spec, df), self.traffic)
+        plan = plan_for_sweep(df, dataclasses.replace(self.spec, decide_rounds=decide_rounds)) if decide_rounds else None
+        if plan is None:
+            return table, False
+        for key in plan.points:
+            rows += sweep_rows(self._rows(rng, self.role_of[key], plan.buckets, plan.rounds, ROLE_DECIDE),
+                               self.spec.buckets)
+        df = results_frame(rows)
+        return choose_table(df, self.spec, provenance_for(self.spec, df), self.traffic), True
+
+
+def true_mix(table: Any, spec: SweepSpec, truth: Truth, traffic: Any) -> float:
+    """``table``'s output tok/s on the mix, its parts at the true rates (one exact round each)."""
+    rows = [ResultRow.from_mapping(r) for role, cfg in Sweeper(spec, truth, traffic).configs.items()
+            for r in rows_for_trial(sweep_id="truth", trial_id=role, role=role, config=cfg, buckets=spec.buckets,
+                                    measurements={b.measurement_key(c, t): _bench([truth.rates[(role, b.name, float(t))]])
+                                                  for b in spec.buckets for c, t in b.points()})]
+    pred, where = predict_on_mix(table, results_frame(rows), spec.buckets, traffic)
+    if pred is None:
+        raise RuntimeError(f"no prediction on the mix: {where}")
+    return float(pred.per_bucket_throughput)
+
+
+def routes(table: Any) -> tuple[str, ...]:
+    """Which config serves each (bucket, band) part: what two tables are compared on."""
+    out = []
+    for b in table.buckets:
+        for band in table.sampling_bands:
+            cell = next((c for c in b.cells if c.sampling == band.name), None)
+            cfg = cell.engine_config() if cell is not None else b.engine_config()
+            out.append(f"{b.name} {band.name}: {cfg.label()}")
+    return tuple(out)
+
+
+def measure(spec: SweepSpec, truth: Truth, traffic: Any, decide_rounds: int, pairs: int, seed: int,
+            start_sd: float) -> dict[str, Any]:
+    """``pairs`` pairs of independent sweeps at ``decide_rounds``: how often their tables agree on the mix."""
+    rng = np.random.default_rng(seed)
+    sweeper = Sweeper(spec, truth, traffic, start_sd=start_sd)
+    cache: dict[tuple[str, ...], float] = {}
+    ratios, to_best, decided, differ = [], [], 0, 0
+    seen_routes: dict[tuple[str, ...], int] = defaultdict(int)
+    for _ in range(pairs):
+        scores = []
+        for _side in range(2):
+            table, ran = sweeper.run(rng, decide_rounds)
+            decided += ran
+            key = routes(table)
+            seen_routes[key] += 1
+            if key not in cache:
+                cache[key] = true_mix(table, spec, truth, traffic)
+            scores.append((key, cache[key]))
+        (ka, a), (kb, b) = scores
+        differ += ka != kb
+        ratios.append(b / a)
+        to_best.extend((a, b))
+    best = max(cache.values())
+    ratios_a = np.array(ratios)
+    within = float(np.mean(np.abs(np.log(ratios_a)) <= math.log(1 + TOLERANCE)))
+    return {
+        "decide_rounds": decide_rounds, "pairs": pairs, "seed": seed,
+        "routes_differ": differ / pairs,
+        "within_tolerance": within,
+        "within_tolerance_se": math.sqrt(within * (1 - within) / pairs),
+        "ratio_p5": float(np.percentile(np.minimum(ratios_a, 1 / ratios_a), 5)),
+        "decide_phase_share": decided / (2 * pairs),
+        "to_best_mean": float(np.mean(np.array(to_best) / best)),
+        "to_best_p5": float(np.percentile(np.array(to_best) / best, 5)),
+        "tables": {" | ".join(k): {"share": n / (2 * pairs), "to_best": cache[k] / best}
+                   for k, n in sorted(seen_routes.items(), key=lambda kv: -kv[1])},
+    }
+
+
+def render(results: Sequence[Mapping[str, Any]], truth: Truth, start_sd: float, command: str) -> str:
+    lines = [
+        "# Do two sweeps agree? The sweep's choosing code on drawn measurements (SIMULATED measurements)",
+        "",
+        f"Command: `{command}` (commit {_git_rev()}, Python {platform.python_version()}, {platform.machine()}).",
+        "",
+        f"Truth and noise from `{truth.source}`: one round's log sd {truth.round_sd:.3f} "
+        f"({math.expm1(truth.round_sd):.1%}); engine-start log sd {start_sd:.3f}"
+        + (" (not measured on the GPU; 0 assumes rounds of one start hold all the variation)" if not start_sd else "")
+        + f". Configs, buckets, temperatures, load and rounds per config as that run's sweeps "
+        "(`work/sweep-a/sweep.json`); the mix `benchmarks/gpu/payoff_mix_test_ckpt.yaml`. Each table is scored on the "
+        "true rates (its parts' time split at will, as the sweep predicts a mix).",
+        "",
+        "True rates (output tok/s, 64 in flight):",
+        "",
+        "| config | bucket | T | tok/s |",
+        "|---|---|---|---|",
+        *(f"| {role} | {b} | {t:g} | {r:,.0f} |" for (role, b, t), r in sorted(truth.rates.items())),
+        "",
+        f"| decide rounds | pairs | routes differ | within {TOLERANCE:.0%} on the mix | 5th pct of the pair's ratio "
+        "| decide phase ran | table / best table, mean (5th pct) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(f"| {r['decide_rounds']} | {r['pairs']} | {r['routes_differ']:.0%} | "
+                     f"{r['within_tolerance']:.0%} ± {r['within_tolerance_se']:.0%} | {r['ratio_p5']:.3f} | "
+                     f"{r['decide_phase_share']:.0%} of sweeps | {r['to_best_mean']:.3f} ({r['to_best_p5']:.3f}) |")
+    lines += ["", "Tables committed (share of sweeps; true mix throughput over the best table's):", ""]
+    for r in results:
+        lines.append(f"- decide rounds {r['decide_rounds']}:")
+        lines += [f"  - {v['share']:.0%}, {v['to_best']:.3f}: {k}" for k, v in r["tables"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def _git_rev() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pairs", type=int, default=400, help="pairs of independent sweeps per setting (default 400)")
+    ap.add_argument("--decide-rounds", default="0,2,4,8", help="comma list of --decide-rounds to try (default 0,2,4,8)")
+    ap.add_argument("--start-sd", type=float, default=0.0,
+                    help="log sd of one engine start's offset, shared by its rounds (default 0: not measured)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, help="write OUT.json and OUT.md (default: print the table only)")
+    args = ap.parse_args(argv)
+    try:
+        settings = [int(x) for x in args.decide_rounds.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--decide-rounds {args.decide_rounds!r}: a comma list of integers >= 0, e.g. 0,2,4")
+    if args.pairs < 1 or any(r < 0 for r in settings) or args.start_sd < 0:
+        ap.error("--pairs >= 1, --decide-rounds >= 0 each, --start-sd >= 0")
+    truth = truth_from_run()
+    spec = resumed_spec(RUN / "work" / "sweep-a")
+    traffic = load_mix(MIX)
+    results = []
+    for i, r in enumerate(settings):
+        t0 = time.monotonic()
+        results.append(measure(spec, truth, traffic, r, args.pairs, args.seed + i, args.start_sd))
+        print(f"decide rounds {r}: within {TOLERANCE:.0%} in {results[-1]['within_tolerance']:.0%} of "
+              f"{args.pairs} pairs ({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
+    command = "python benchmarks/repro_power.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    text = render(results, truth, args.start_sd, command.strip())
+    print(text)
+    if args.out:
+        args.out.with_suffix(".json").write_text(json.dumps(
+            {"command": command.strip(), "truth": {"rates": {"|".join(map(str, k)): v for k, v in truth.rates.items()},
+                                                   "round_sd": truth.round_sd, "source": truth.source},
+             "start_sd": args.start_sd, "results": results}, indent=2))
+        args.out.with_suffix(".md").write_text(text)
+        print(f"wrote {args.out.with_suffix('.md')} and .json", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
