@@ -1,6 +1,7 @@
 """How often two independent sweeps of one space commit tables within 3 % of each other on the mix, by
-``--decide-rounds``: the sweep's own choosing code (:func:`tuning.sweep.choose.choose_table`,
-:func:`tuning.sweep.decide.plan_for_sweep`) run on measurements drawn from a noise model, many times.
+``--decide-rounds``: the sweep's own choosing code (:func:`tuning.sweep.choose.choose_table`, and the decide
+phase's plan as :func:`tuning.sweep.runner._decide` makes it) run on measurements drawn from a noise model,
+many times.
 
 Why a model and not the GPU: whether two sweeps agree is a probability, and one pair of GPU sweeps (issue
 #22 item 2's run) is one draw of it. The model takes its truth and its noise from that run's own
@@ -12,8 +13,8 @@ measure: 0 by default, stated in the output). The decide phase draws its rounds 
 ``tuning.sweep.decide.run_decision`` measures them.
 
 Each committed table is scored on the truth (:func:`tuning.sweep.choose.predict_on_mix` with one round per
-config at its true rate): two tables' ratio on the mix, and each one's ratio to the best table the truth
-allows. Pure CPU; SIMULATED measurements, real choosing code.
+config at its true rate): two tables' ratio on the mix, and each one's ratio to the reference, the table a
+sweep commits from the true rates themselves (no noise). Pure CPU; SIMULATED measurements, real choosing code.
 
     python benchmarks/repro_power.py --pairs 400 --decide-rounds 0,2,4,8
 """
@@ -39,10 +40,11 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tuning.results import STATUS_OK, repeat_throughputs, results_frame, rows_for_trial  # noqa: E402
-from tuning.stats import PooledNoise  # noqa: E402
-from tuning.sweep.choose import choose_table, predict_on_mix  # noqa: E402
-from tuning.sweep.decide import ROLE_DECIDE, plan_for_sweep, sweep_rows  # noqa: E402
+from tuning.cells import BucketChoice  # noqa: E402
+from tuning.results import STATUS_OK, pooled_noise, repeat_throughputs, results_frame, rows_for_trial  # noqa: E402
+from tuning.sweep.choose import choose_table, pick_for, predict_on_mix  # noqa: E402
+from tuning.sweep.decide import ROLE_DECIDE, plan_decision, sweep_rows  # noqa: E402
+from tuning.sweep.measure import representative_run  # noqa: E402
 from tuning.sweep.provenance import provenance_for  # noqa: E402
 from tuning.sweep.records import ResultRow  # noqa: E402
 from tuning.sweep.spec import SweepSpec, resumed_spec  # noqa: E402
@@ -57,34 +59,36 @@ TOLERANCE = 0.03  # issue #22 item 2: within 3 % of each other on the mix
 class Truth:
     """Each config's true output tok/s per (bucket, temperature), and the noise of one round."""
 
-    rates: Mapping[tuple[str, str, float], float]  # (role, bucket, temperature) -> tok/s
+    rates: Mapping[tuple[str, str, float], float]  # (engine key, bucket, temperature) -> tok/s
     round_sd: float
     source: str
 
 
 def truth_from_run(run: Path = RUN) -> Truth:
     """The geometric mean of every round each config made on each cell in both sweeps of ``run``, and the
-    log sd of one round pooled over both (each sweep's ``results.csv`` from its run-dir archive)."""
-    rounds: dict[tuple[str, str, float], list[float]] = defaultdict(list)
-    groups: list[list[float]] = []
+    noise of one round pooled over both (:func:`tuning.results.pooled_noise`; each sweep's ``results.csv``
+    from its run-dir archive)."""
+    frames = []
     for name in ("a", "b"):
         with tarfile.open(run / f"sweep_{name}_run.tgz") as tgz:
             member = next(m for m in tgz.getmembers() if m.name.endswith("/results.csv"))
-            df = pd.read_csv(tgz.extractfile(member))
-        for row in df[df["status"] == STATUS_OK].to_dict("records"):
-            reps = repeat_throughputs(row)
-            rounds[(row["role"], row["bucket"], float(row["temperature"]))].extend(reps)
-            groups.append(reps)
-    noise = PooledNoise.of(groups)
-    assert noise is not None
+            frames.append(pd.read_csv(tgz.extractfile(member)))
+    df = pd.concat(frames, ignore_index=True)
+    rounds: dict[tuple[str, str, float], list[float]] = defaultdict(list)
+    for row in df[(df["status"] == STATUS_OK) & df["output_throughput"].notna()].to_dict("records"):
+        rounds[(row["engine_key"], row["bucket"], float(row["temperature"]))].extend(repeat_throughputs(row))
+    noise = pooled_noise(df)
+    if noise is None:
+        raise SystemExit(f"{run}: no measurement in rounds to take the noise from")
     rates = {k: math.exp(float(np.mean(np.log(v)))) for k, v in rounds.items()}
     return Truth(rates, noise.sd, f"{run.relative_to(ROOT)} (sweeps a and b, {noise.df} df)")
 
 
 def _bench(rounds: Sequence[float]) -> dict[str, Any]:
-    """A benchmark result as a trial reports one measured in ``rounds`` (the fields the results rows read)."""
-    return {"output_throughput": sorted(rounds)[len(rounds) // 2], "completed": 64, "failed": 0,
-            "failure_reasons": {}, "repeat_output_throughputs": list(rounds), "simulated": True}
+    """A benchmark result as a trial reports one measured in ``rounds``: the run that stands for them as the
+    sweep picks it (:func:`tuning.sweep.measure.representative_run`), with the fields the results rows read."""
+    return representative_run([{"output_throughput": x, "completed": 64, "failed": 0, "failure_reasons": {},
+                                "simulated": True} for x in rounds])
 
 
 class Sweeper:
@@ -93,83 +97,92 @@ class Sweeper:
 
     def __init__(self, spec: SweepSpec, truth: Truth, traffic: Any, *, start_sd: float = 0.0) -> None:
         self.spec, self.truth, self.traffic, self.start_sd = spec, truth, traffic, start_sd
-        self.configs = {p.role: spec.space.config_from_trial_config(p.params) for p in spec.space.points}
-        self.role_of = {c.key(): role for role, c in self.configs.items()}
+        built = [(p.role, spec.space.config_from_trial_config(p.params)) for p in spec.space.points]
+        self.configs = {c.key(): c for _, c in built}
+        self.roles = {c.key(): role for role, c in built}
 
-    def _rows(self, rng: np.random.Generator, role: str, buckets: Sequence[Any], rounds: int, trial: str) -> list[ResultRow]:
-        start = rng.normal(0.0, self.start_sd) if self.start_sd else 0.0  # one engine start for all its cells
+    def rows(self, key: str, buckets: Sequence[Any], rounds: int, role: str,
+             rng: np.random.Generator | None = None) -> list[ResultRow]:
+        """``key``'s rows from one engine start measuring ``buckets`` in ``rounds`` rounds, as trial ``role``
+        (without ``rng``: at the true rates)."""
+        start = rng.normal(0.0, self.start_sd) if rng is not None and self.start_sd else 0.0  # one per start
         meas = {}
         for b in buckets:
             for c, t in b.points():
-                true = self.truth.rates[(role, b.name, float(t))]
+                true = self.truth.rates[(key, b.name, float(t))]
                 meas[b.measurement_key(c, t)] = _bench(
-                    [true * math.exp(start + rng.normal(0.0, self.truth.round_sd)) for _ in range(rounds)])
+                    [true * math.exp(start + rng.normal(0.0, self.truth.round_sd)) if rng is not None else true
+                     for _ in range(rounds)])
         return [ResultRow.from_mapping(r) for r in rows_for_trial(
-            sweep_id=self.spec.sweep_id, trial_id=trial, role=role if trial != ROLE_DECIDE else ROLE_DECIDE,
-            config=self.configs[role], buckets=buckets, measurements=meas)]
+            sweep_id=self.spec.sweep_id, trial_id=role, role=role, config=self.configs[key], buckets=buckets,
+            measurements=meas)]
 
     def run(self, rng: np.random.Generator, decide_rounds: int) -> tuple[Any, bool]:
         """The committed table, and whether a decide phase measured anything."""
-        rows = [r for role in self.configs for r in self._rows(rng, role, self.spec.buckets, self.spec.repeats, role)]
+        spec = self.spec
+        rows = [r for key, role in self.roles.items() for r in self.rows(key, spec.buckets, spec.repeats, role, rng)]
         df = results_frame(rows)
-        table = choose_table(df, self.spec, provenance_for(self.spec, df), self.traffic)
-        plan = plan_for_sweep(df, dataclasses.replace(self.spec, decide_rounds=decide_rounds)) if decide_rounds else None
+        table = choose_table(df, spec, provenance_for(spec, df), self.traffic)
+        plan = (plan_decision(df, spec.buckets, pick_for(df, spec, provenance_for(spec, df)), decide_rounds,
+                              spec.constraints) if decide_rounds else None)
         if plan is None:
             return table, False
-        for key in plan.points:
-            rows += sweep_rows(self._rows(rng, self.role_of[key], plan.buckets, plan.rounds, ROLE_DECIDE),
-                               self.spec.buckets)
+        for key in plan.points:  # a fresh engine per config, as run_decision measures them
+            rows += sweep_rows(self.rows(key, plan.buckets, plan.rounds, ROLE_DECIDE, rng), spec.buckets)
         df = results_frame(rows)
-        return choose_table(df, self.spec, provenance_for(self.spec, df), self.traffic), True
+        return choose_table(df, spec, provenance_for(spec, df), self.traffic), True
 
 
-def true_mix(table: Any, spec: SweepSpec, truth: Truth, traffic: Any) -> float:
-    """``table``'s output tok/s on the mix, its parts at the true rates (one exact round each)."""
-    rows = [ResultRow.from_mapping(r) for role, cfg in Sweeper(spec, truth, traffic).configs.items()
-            for r in rows_for_trial(sweep_id="truth", trial_id=role, role=role, config=cfg, buckets=spec.buckets,
-                                    measurements={b.measurement_key(c, t): _bench([truth.rates[(role, b.name, float(t))]])
-                                                  for b in spec.buckets for c, t in b.points()})]
-    pred, where = predict_on_mix(table, results_frame(rows), spec.buckets, traffic)
+def truth_frame(sweeper: Sweeper) -> Any:
+    """The results a noise-free sweep would have: every config on every cell once, at its true rate."""
+    return results_frame([r for key, role in sweeper.roles.items()
+                          for r in sweeper.rows(key, sweeper.spec.buckets, 1, role)])
+
+
+def true_mix(table: Any, spec: SweepSpec, truth_df: Any, traffic: Any) -> float:
+    """``table``'s output tok/s on the mix, its parts at the true rates."""
+    pred, where = predict_on_mix(table, truth_df, spec.buckets, traffic, spec.constraints)
     if pred is None:
         raise RuntimeError(f"no prediction on the mix: {where}")
     return float(pred.per_bucket_throughput)
 
 
-def routes(table: Any) -> tuple[str, ...]:
-    """Which config serves each (bucket, band) part: what two tables are compared on."""
-    out = []
-    for b in table.buckets:
-        for band in table.sampling_bands:
-            cell = next((c for c in b.cells if c.sampling == band.name), None)
-            cfg = cell.engine_config() if cell is not None else b.engine_config()
-            out.append(f"{b.name} {band.name}: {cfg.label()}")
-    return tuple(out)
+def routes(table: Any, spec: SweepSpec) -> tuple[str, ...]:
+    """Which config serves each (bucket, band, load) part the sweep measured: what two tables are compared on."""
+    labels = {k: c.label() for k, c in table.distinct_configs().items()}
+    return tuple(f"{b.name} {band.name}@{level}: "
+                 f"{labels[BucketChoice.of_route(table.bucket(b.name)).key_for(band.name, level)]}"
+                 for b in spec.buckets for band in table.sampling_bands for level in b.concurrency_levels)
 
 
-def measure(spec: SweepSpec, truth: Truth, traffic: Any, decide_rounds: int, pairs: int, seed: int,
-            start_sd: float) -> dict[str, Any]:
-    """``pairs`` pairs of independent sweeps at ``decide_rounds``: how often their tables agree on the mix."""
+def measure(sweeper: Sweeper, decide_rounds: int, pairs: int, seed: int) -> dict[str, Any]:
+    """``pairs`` pairs of independent sweeps at ``decide_rounds``: how often their tables agree on the mix,
+    and each table's true throughput on it over the reference's (the table of a noise-free sweep)."""
+    spec, traffic = sweeper.spec, sweeper.traffic
+    truth_df = truth_frame(sweeper)
+    reference = true_mix(choose_table(truth_df, spec, provenance_for(spec, truth_df), traffic), spec, truth_df, traffic)
     rng = np.random.default_rng(seed)
-    sweeper = Sweeper(spec, truth, traffic, start_sd=start_sd)
     cache: dict[tuple[str, ...], float] = {}
-    ratios, to_best, decided, differ = [], [], 0, 0
+    ratios, scores, decided, differ = [], [], 0, 0
     seen_routes: dict[tuple[str, ...], int] = defaultdict(int)
-    for _ in range(pairs):
-        scores = []
+    for i in range(pairs):
+        if i and i % 100 == 0:
+            print(f"  decide rounds {decide_rounds}: {i}/{pairs} pairs", file=sys.stderr, flush=True)
+        pair = []
         for _side in range(2):
             table, ran = sweeper.run(rng, decide_rounds)
             decided += ran
-            key = routes(table)
+            key = routes(table, spec)
             seen_routes[key] += 1
             if key not in cache:
-                cache[key] = true_mix(table, spec, truth, traffic)
-            scores.append((key, cache[key]))
-        (ka, a), (kb, b) = scores
+                cache[key] = true_mix(table, spec, truth_df, traffic)
+            pair.append((key, cache[key]))
+        (ka, a), (kb, b) = pair
         differ += ka != kb
         ratios.append(b / a)
-        to_best.extend((a, b))
-    best = max(cache.values())
+        scores.extend((a, b))
     ratios_a = np.array(ratios)
+    to_ref = np.array(scores) / reference
     within = float(np.mean(np.abs(np.log(ratios_a)) <= math.log(1 + TOLERANCE)))
     return {
         "decide_rounds": decide_rounds, "pairs": pairs, "seed": seed,
@@ -178,14 +191,16 @@ def measure(spec: SweepSpec, truth: Truth, traffic: Any, decide_rounds: int, pai
         "within_tolerance_se": math.sqrt(within * (1 - within) / pairs),
         "ratio_p5": float(np.percentile(np.minimum(ratios_a, 1 / ratios_a), 5)),
         "decide_phase_share": decided / (2 * pairs),
-        "to_best_mean": float(np.mean(np.array(to_best) / best)),
-        "to_best_p5": float(np.percentile(np.array(to_best) / best, 5)),
-        "tables": {" | ".join(k): {"share": n / (2 * pairs), "to_best": cache[k] / best}
+        "reference_tok_s": reference,
+        "to_reference_mean": float(np.mean(to_ref)),
+        "to_reference_p5": float(np.percentile(to_ref, 5)),
+        "tables": {" | ".join(k): {"share": n / (2 * pairs), "to_reference": cache[k] / reference}
                    for k, n in sorted(seen_routes.items(), key=lambda kv: -kv[1])},
     }
 
 
-def render(results: Sequence[Mapping[str, Any]], truth: Truth, start_sd: float, command: str) -> str:
+def render(results: Sequence[Mapping[str, Any]], truth: Truth, start_sd: float, command: str,
+           labels: Mapping[str, str]) -> str:
     lines = [
         "# Do two sweeps agree? The sweep's choosing code on drawn measurements (SIMULATED measurements)",
         "",
@@ -202,20 +217,21 @@ def render(results: Sequence[Mapping[str, Any]], truth: Truth, start_sd: float, 
         "",
         "| config | bucket | T | tok/s |",
         "|---|---|---|---|",
-        *(f"| {role} | {b} | {t:g} | {r:,.0f} |" for (role, b, t), r in sorted(truth.rates.items())),
+        *(f"| {labels.get(key, key)} | {b} | {t:g} | {r:,.0f} |" for (key, b, t), r in sorted(truth.rates.items())),
         "",
         f"| decide rounds | pairs | routes differ | within {TOLERANCE:.0%} on the mix | 5th pct of the pair's ratio "
-        "| decide phase ran | table / best table, mean (5th pct) |",
+        "| decide phase ran | table / reference, mean (5th pct) |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(f"| {r['decide_rounds']} | {r['pairs']} | {r['routes_differ']:.0%} | "
                      f"{r['within_tolerance']:.0%} ± {r['within_tolerance_se']:.0%} | {r['ratio_p5']:.3f} | "
-                     f"{r['decide_phase_share']:.0%} of sweeps | {r['to_best_mean']:.3f} ({r['to_best_p5']:.3f}) |")
-    lines += ["", "Tables committed (share of sweeps; true mix throughput over the best table's):", ""]
+                     f"{r['decide_phase_share']:.0%} of sweeps | {r['to_reference_mean']:.3f} ({r['to_reference_p5']:.3f}) |")
+    lines += ["", "Tables committed (share of sweeps; true mix throughput over the reference's, the table a noise-free "
+              "sweep commits):", ""]
     for r in results:
         lines.append(f"- decide rounds {r['decide_rounds']}:")
-        lines += [f"  - {v['share']:.0%}, {v['to_best']:.3f}: {k}" for k, v in r["tables"].items()]
+        lines += [f"  - {v['share']:.0%}, {v['to_reference']:.3f}: {k}" for k, v in r["tables"].items()]
     return "\n".join(lines) + "\n"
 
 
@@ -245,15 +261,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("--pairs >= 1, --decide-rounds >= 0 each, --start-sd >= 0")
     truth = truth_from_run()
     spec = resumed_spec(RUN / "work" / "sweep-a")
-    traffic = load_mix(MIX)
+    sweeper = Sweeper(spec, truth, load_mix(MIX), start_sd=args.start_sd)
     results = []
     for i, r in enumerate(settings):
         t0 = time.monotonic()
-        results.append(measure(spec, truth, traffic, r, args.pairs, args.seed + i, args.start_sd))
+        results.append(measure(sweeper, r, args.pairs, args.seed + i))
         print(f"decide rounds {r}: within {TOLERANCE:.0%} in {results[-1]['within_tolerance']:.0%} of "
               f"{args.pairs} pairs ({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
     command = "python benchmarks/repro_power.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = render(results, truth, args.start_sd, command.strip())
+    text = render(results, truth, args.start_sd, command.strip(), {k: c.label() for k, c in sweeper.configs.items()})
     print(text)
     if args.out:
         args.out.with_suffix(".json").write_text(json.dumps(

@@ -108,10 +108,10 @@ def test_a_comparison_measured_again_already_is_not_planned_a_third_time():
 def test_the_sweeps_plan_looks_past_the_one_config_rule(tmp_path):
     """A mix of mostly sampled requests: the table that kept the undecided sampled cell on MTP-4 predicts
     less than MTP off alone, so the sweep would commit MTP off everywhere, a table with no cell left to
-    decide. The sweep's plan is taken before that rule, so the comparison that tipped it is measured again."""
+    decide. The sweep plans from the table before that rule, so the comparison that tipped it is measured again."""
     from tuning.sweep import SweepSpec
-    from tuning.sweep.choose import choose_table
-    from tuning.sweep.decide import plan_decision, plan_for_sweep
+    from tuning.sweep.choose import choose_table, pick_for
+    from tuning.sweep.decide import plan_decision
     from tuning.sweep.space import SearchSpace
     from tuning.traffic import TrafficMix
 
@@ -124,6 +124,6 @@ def test_the_sweeps_plan_looks_past_the_one_config_rule(tmp_path):
     assert committed.bucket("le1024").engine_config().speculative_algorithm is None  # MTP off everywhere
     assert any(n.startswith("one config everywhere") for n in committed.provenance.notes)
     assert plan_decision(df, BUCKETS, committed, rounds=3) is None  # nothing left to decide in that table
-    plan = plan_for_sweep(df, spec)
+    plan = plan_decision(df, BUCKETS, pick_for(df, spec, PROV), rounds=3)
     assert plan is not None and plan.rounds == 3
     assert [(u.bucket, u.band, u.in_flight) for u in plan.undecided] == [("le1024", "sampled", 64)]

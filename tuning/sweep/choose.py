@@ -18,8 +18,8 @@ from tuning.buckets import Bucket
 from tuning.results import CELL_DROPPED, CELL_MIN_GAIN, gains_over, pick_best
 from tuning.sweep.spec import SweepSpec
 
-__all__ = ["choose_table", "commit_table", "no_worse_than_one_config", "plan_replicas", "predict_on_engines", "predict_on_mix",
-           "table_targets"]
+__all__ = ["choose_table", "commit_table", "no_worse_than_one_config", "pick_for", "plan_replicas", "predict_on_engines",
+           "predict_on_mix", "table_targets"]
 
 
 def choose_table(results: Any, spec: SweepSpec, provenance: Provenance, traffic: Any = None) -> RoutingTable:
@@ -28,7 +28,7 @@ def choose_table(results: Any, spec: SweepSpec, provenance: Provenance, traffic:
     whole replicas are planned on its GPUs for ``traffic`` (a :class:`tuning.traffic.TrafficMix`; without
     one, the buckets' workloads in proportion and the measured sampling bands alike) and the cells
     that do not pay for the replicas they take are dropped (:func:`plan_replicas`)."""
-    table = pick_best(results, spec.buckets, spec.constraints, provenance=provenance, budget=spec.gpu_budget())
+    table = pick_for(results, spec, provenance)
     if table.provenance.gpu_budget is not None:
         table = plan_replicas(table, results, spec.buckets, traffic)
     elif traffic is not None:
@@ -38,6 +38,15 @@ def choose_table(results: Any, spec: SweepSpec, provenance: Provenance, traffic:
         backend = next(iter(table.distinct_configs().values())).backend
         table = table.model_copy(update={"default_temperature": API_DEFAULT_TEMPERATURE[backend]})
     return table
+
+
+def pick_for(results: Any, spec: SweepSpec, provenance: Provenance) -> RoutingTable:
+    """Each bucket's best config and its cells under ``spec``'s constraints (fitted to its serving budget
+    when it has one): :func:`tuning.results.pick_best`, before :func:`choose_table`'s rules that weigh the
+    table on the traffic mix (one config everywhere, the replica plan). The sweep's decide phase plans from
+    this table (:func:`tuning.sweep.decide.plan_decision`): those rules can replace a table whose
+    undecided cell sits on the slower config by one config, whose table has no cell left to decide."""
+    return pick_best(results, spec.buckets, spec.constraints, provenance=provenance, budget=spec.gpu_budget())
 
 
 def plan_replicas(table: RoutingTable, results: Any, buckets: Sequence[Bucket], traffic: Any = None) -> RoutingTable:

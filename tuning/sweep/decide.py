@@ -32,12 +32,12 @@ from orchestrator import table as routing
 from orchestrator.table import RoutingTable
 from tuning.buckets import Bucket
 from tuning.cells import Undecided
-from tuning.results import STATUS_OK, Constraints, config_of_row, pick_best, undecided_cells
+from tuning.results import STATUS_OK, Constraints, config_of_row, undecided_cells
 from tuning.sweep.budget import BUDGET_FILE
 from tuning.sweep.records import ResultRow
 
-__all__ = ["DECIDE_DIR", "ROLE_DECIDE", "DecisionPlan", "earlier_rows", "plan_decision", "plan_for_sweep",
-           "run_decision", "sweep_rows"]
+__all__ = ["DECIDE_DIR", "ROLE_DECIDE", "DecisionPlan", "earlier_rows", "plan_decision", "run_decision",
+           "sweep_rows"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,11 @@ class DecisionPlan:
 def plan_decision(results: Any, buckets: Sequence[Bucket], table: RoutingTable, rounds: int,
                   constraints: Constraints = Constraints()) -> DecisionPlan | None:
     """The re-measurement the undecided cells of ``table`` (chosen from ``results``) ask for, or ``None``
-    when there is none (or ``rounds`` is 0). A comparison whose two configs both have decide rows on its
+    when there is none (or ``rounds`` is 0). The sweep passes the table as
+    :func:`tuning.sweep.choose.pick_for` chooses it, before the rules on the traffic mix: a table that kept
+    an undecided cell on the slower config predicts less on the mix, the one-config rule can then commit
+    one config everywhere, and that table has no cell left to decide, so the comparison that tipped it
+    would never be measured again. A comparison whose two configs both have decide rows on its
     cell already (an earlier decide phase of a resumed sweep) is not measured a third time: a resume
     that only commits must not start engines again."""
     if rounds < 0:
@@ -97,25 +101,6 @@ def plan_decision(results: Any, buckets: Sequence[Bucket], table: RoutingTable, 
         cut.append(dataclasses.replace(b, workload=b.workload_at(levels[0], temps[0]), concurrency_levels=levels,
                                        temperatures=temps))
     return DecisionPlan(tuple(undecided), points, tuple(cut), rounds)
-
-
-def plan_for_sweep(results: Any, spec: Any) -> DecisionPlan | None:
-    """What the decide phase of ``spec`` (a :class:`tuning.sweep.SweepSpec`) measures on ``results``: the
-    undecided cells of the table as :func:`tuning.results.pick_best` chooses it, before
-    :func:`tuning.sweep.choose.choose_table`'s rules on the traffic mix (one config everywhere, the replica
-    plan).
-
-    Why before them: those rules weigh the table's predicted throughput on the mix against one config's,
-    and a table that kept an undecided cell on the slower config predicts less than it would with the cell
-    decided. The rule then hands every bucket to one config, whose table has no cell left to decide: the
-    comparison that tipped it is never measured again, and two sweeps of one space commit different tables
-    whatever ``decide_rounds`` is. Raises :class:`~orchestrator.table.RoutingTableError` where the results
-    make no table."""
-    from tuning.sweep.provenance import provenance_for
-
-    table = pick_best(results, spec.buckets, spec.constraints, provenance=provenance_for(spec, results),
-                      budget=spec.gpu_budget())
-    return plan_decision(results, spec.buckets, table, spec.decide_rounds, spec.constraints)
 
 
 def _params(row: Mapping[str, Any]) -> dict[str, Any]:

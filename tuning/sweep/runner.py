@@ -34,7 +34,7 @@ from orchestrator.table import RoutingTable, RoutingTableError
 from tuning.results import failed_rows, results_frame, write_results
 from tuning.sweep.actors import GpuLease, ResultCache
 from tuning.sweep.budget import TimeBudgetSpent, write_budget
-from tuning.sweep.choose import choose_table, commit_table, table_targets
+from tuning.sweep.choose import choose_table, commit_table, pick_for, table_targets
 from tuning.sweep.progress import SweepProgress, make_callback
 from tuning.sweep.provenance import provenance_for
 from tuning.sweep.records import ResultRow, TrialReport, reported_trial_ids
@@ -136,27 +136,23 @@ def _decide(spec: SweepSpec, rows: list[ResultRow], df: Any) -> tuple[list[Resul
     engine starts then). A decide phase that fails leaves the results as they were, with a note saying why:
     the sweep's own measurements and table never depend on it."""
     from tuning.sweep.budget import BUDGET_FILE, read_budget, time_budget_spent
-    from tuning.sweep.decide import plan_for_sweep, run_decision
-
-    def failed(e: Exception) -> tuple[list[ResultRow], Any, str]:
-        logger.exception("decide phase failed")
-        return rows, df, f"decide: failed ({type(e).__name__}: {str(e)[:300]}); the table is chosen from the first rounds"
+    from tuning.sweep.decide import plan_decision, run_decision
 
     try:
-        plan = plan_for_sweep(df, spec)
-    except RoutingTableError:  # the results make no table yet: nothing to decide
+        first = pick_for(df, spec, provenance_for(spec, df))  # before the mix rules: see plan_decision
+    except RoutingTableError:
         return rows, df, None
-    except Exception as e:  # noqa: BLE001 - the first table still stands
-        return failed(e)
-    if plan is None:
-        return rows, df, None
-    if time_budget_spent(read_budget(Path(spec.run_dir) / BUDGET_FILE)):
-        return rows, df, f"decide: {plan.describe()} wanted, not run: the time budget was spent"
-    print(f"decide: {plan.describe()} ...", file=sys.stderr, flush=True)  # engine starts: minutes on GPUs
     try:
+        plan = plan_decision(df, spec.buckets, first, spec.decide_rounds, spec.constraints)
+        if plan is None:
+            return rows, df, None
+        if time_budget_spent(read_budget(Path(spec.run_dir) / BUDGET_FILE)):
+            return rows, df, f"decide: {plan.describe()} wanted, not run: the time budget was spent"
+        print(f"decide: {plan.describe()} ...", file=sys.stderr, flush=True)  # engine starts: minutes on GPUs
         added = run_decision(spec, plan)
     except Exception as e:  # noqa: BLE001 - Ray, Tune and config errors alike: the first table still stands
-        return failed(e)
+        logger.exception("decide phase failed")
+        return rows, df, f"decide: failed ({type(e).__name__}: {str(e)[:300]}); the table is chosen from the first rounds"
     measured = sorted({r.engine_label or r.engine_key or "?" for r in added})
     rows = [*rows, *added]
     return rows, results_frame(rows), (f"decide: {plan.describe()}; measured again: {', '.join(measured) or 'none'} "
