@@ -50,13 +50,16 @@ class CellMeasurement:
 
 @dataclass(frozen=True)
 class Undecided:
-    """A cell comparison not shown either way: ``best_key`` measured above ``kept_key`` (what the
-    (``band``, ``in_flight``) part of the bucket is served by) but within noise, so it was kept."""
+    """A cell comparison not shown either way at the pooled noise: ``kept_key`` serves the (``band``,
+    ``in_flight``) part of the bucket, and ``other_key`` is the config it was compared with there, the best
+    measured when that is not the kept one (measured above it, not shown), else the runner-up (measured
+    below it, not shown below). Both are "not shown", not "the same": a second sweep that measures
+    ``other_key`` above the kept one beyond noise writes a cell this one did not."""
 
     bucket: str
     band: str
     in_flight: int
-    best_key: str
+    other_key: str
     kept_key: str
 
 
@@ -123,6 +126,16 @@ def choose_cells(measurements: Iterable[CellMeasurement], *, primary_band: str, 
             current = BucketChoice(bucket, primary.engine_key, primary.config, primary.figures(level),
                                    tuple(chosen)).key_for(band, in_flight)
             if best.engine_key == current:
+                runner_up = max((m for k, m in here.items() if k != current),
+                                key=lambda m: m.figures(level).output_throughput, default=None)
+                if noise is not None and runner_up is not None:
+                    ratio = noise.ratio_interval(runner_up.throughputs, best.throughputs, level)
+                    if ratio[2] > 1.0:  # the kept config measured best, but not shown above the runner-up
+                        undecided.append(Undecided(bucket, band, in_flight, runner_up.engine_key, current))
+                        notes.append(f"{band}@{in_flight}: {current} {best.figures(level).output_throughput:.0f} "
+                                     f"tok/s vs {runner_up.engine_key} "
+                                     f"{runner_up.figures(level).output_throughput:.0f} tok/s, kept, not shown above "
+                                     f"it ({_unshown(noise, ratio, level)})")
                 continue
             if current not in here:
                 notes.append(f"{band}@{in_flight}: {best.engine_key} is best but {current} was not measured there; "

@@ -57,7 +57,7 @@ def test_the_decision_plan_measures_both_configs_on_the_undecided_cell_only():
     assert plan is not None and plan.rounds == 5
     assert [(u.bucket, u.band, u.in_flight) for u in plan.undecided] == [("le1024", "sampled", 64)]
     assert plan.undecided[0].kept_key == table.bucket("le1024").engine_config().key()  # MTP-4, the primary
-    assert set(plan.points) == {plan.undecided[0].best_key, plan.undecided[0].kept_key}
+    assert set(plan.points) == {plan.undecided[0].other_key, plan.undecided[0].kept_key}
     assert sorted(p["speculative"] for p in plan.points.values()) == [False, True]
     (cut,) = plan.buckets  # the sampled cell only: not the greedy primary cell again
     assert cut.name == "le1024" and cut.temperatures == (0.8,) and cut.concurrency_levels == (64,)
@@ -107,8 +107,8 @@ def test_a_comparison_measured_again_already_is_not_planned_a_third_time():
 
 def test_the_sweeps_plan_looks_past_the_one_config_rule(tmp_path):
     """A mix of mostly sampled requests: the table that kept the undecided sampled cell on MTP-4 predicts
-    less than MTP off alone, so the sweep would commit MTP off everywhere, a table with no cell left to
-    decide. The sweep plans from the table before that rule, so the comparison that tipped it is measured again."""
+    less than MTP off alone, so the sweep would commit MTP off everywhere. The sweep plans from the table
+    before that rule: the comparison that tipped it, as pick_best left it (MTP-4 kept), is measured again."""
     from tuning.sweep import SweepSpec
     from tuning.sweep.choose import choose_table, pick_for
     from tuning.sweep.decide import plan_decision
@@ -123,7 +123,28 @@ def test_the_sweeps_plan_looks_past_the_one_config_rule(tmp_path):
     committed = choose_table(df, spec, PROV, mostly_sampled)
     assert committed.bucket("le1024").engine_config().speculative_algorithm is None  # MTP off everywhere
     assert any(n.startswith("one config everywhere") for n in committed.provenance.notes)
-    assert plan_decision(df, BUCKETS, committed, rounds=3) is None  # nothing left to decide in that table
-    plan = plan_decision(df, BUCKETS, pick_for(df, spec, PROV), rounds=3)
+    first = pick_for(df, spec, PROV)
+    assert first.bucket("le1024").engine_config().num_draft_tokens == 4
+    plan = plan_decision(df, BUCKETS, first, rounds=3)
     assert plan is not None and plan.rounds == 3
     assert [(u.bucket, u.band, u.in_flight) for u in plan.undecided] == [("le1024", "sampled", 64)]
+    assert plan.undecided[0].kept_key == first.bucket("le1024").engine_config().key()
+
+
+def test_a_kept_config_measured_best_but_not_shown_above_the_runner_up_is_undecided_too():
+    """Sampled, MTP-4 (the primary) measured ~5 % above MTP off at ~10 % noise per round: the table keeps it
+    either way, but a second sweep that measured MTP off above it beyond noise would write a cell. The
+    comparison is named and planned like one whose best config is the other."""
+    from tuning.sweep.decide import plan_decision
+
+    df, table = _frame_and_table([950, 1050])
+    assert table.bucket("le1024").cells == ()
+    notes = [n for n in table.provenance.notes if not n.startswith("noise:")]
+    assert len(notes) == 1 and notes[0].startswith("le1024 sampled@64:") and "kept, not shown above it" in notes[0]
+    (u,) = undecided_cells(df, BUCKETS, table)
+    assert u.kept_key == table.bucket("le1024").engine_config().key() and u.other_key != u.kept_key
+    plan = plan_decision(df, BUCKETS, table, rounds=4)
+    assert plan is not None and set(plan.points) == {u.other_key, u.kept_key}
+    # far below it (shown): decided, nothing named
+    df, table = _frame_and_table([500, 520])
+    assert undecided_cells(df, BUCKETS, table) == [] and plan_decision(df, BUCKETS, table, rounds=4) is None

@@ -79,15 +79,15 @@ def plan_decision(results: Any, buckets: Sequence[Bucket], table: RoutingTable, 
     again = {(r["bucket"], r["sampling_band"], int(r["concurrency"]), r["engine_key"])
              for r in ok[ok["role"] == ROLE_DECIDE].to_dict("records")} if "role" in ok else set()
     undecided = [u for u in undecided_cells(results, buckets, table, constraints)
-                 if not {(u.bucket, u.band, u.in_flight, k) for k in (u.best_key, u.kept_key)} <= again]
+                 if not {(u.bucket, u.band, u.in_flight, k) for k in (u.other_key, u.kept_key)} <= again]
     if not undecided:
         return None
     points: dict[str, dict[str, Any]] = {}
-    for key in dict.fromkeys(k for u in undecided for k in (u.best_key, u.kept_key)):
+    for key in dict.fromkeys(k for u in undecided for k in (u.other_key, u.kept_key)):
         rows = ok[ok["engine_key"] == key]
         if not rows.empty:
             points[key] = _params(rows.iloc[0].to_dict())
-    undecided = [u for u in undecided if u.best_key in points and u.kept_key in points]
+    undecided = [u for u in undecided if u.other_key in points and u.kept_key in points]
     if not undecided:
         return None
     by_name = {b.name: b for b in buckets}
