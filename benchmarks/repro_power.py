@@ -251,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--start-sd", type=float, default=0.0,
                     help="log sd of one engine start's offset, shared by its rounds (default 0: not measured)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, help="write OUT.json and OUT.md (default: print the table only)")
+    ap.add_argument("--out", type=Path, help="write OUT.json and OUT.md (default: print the tables only)")
     args = ap.parse_args(argv)
     try:
         settings = [int(x) for x in args.decide_rounds.split(",") if x.strip()]
@@ -272,12 +272,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = render(results, truth, args.start_sd, command.strip(), {k: c.label() for k, c in sweeper.configs.items()})
     print(text)
     if args.out:
-        args.out.with_suffix(".json").write_text(json.dumps(
+        json_path, md_path = (args.out.with_name(args.out.name + ext) for ext in (".json", ".md"))
+        json_path.write_text(json.dumps(
             {"command": command.strip(), "truth": {"rates": {"|".join(map(str, k)): v for k, v in truth.rates.items()},
                                                    "round_sd": truth.round_sd, "source": truth.source},
              "start_sd": args.start_sd, "results": results}, indent=2))
-        args.out.with_suffix(".md").write_text(text)
-        print(f"wrote {args.out.with_suffix('.md')} and .json", file=sys.stderr)
+        md_path.write_text(text)
+        print(f"wrote {md_path} and {json_path.name}", file=sys.stderr)
     return 0
 
 
