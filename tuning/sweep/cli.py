@@ -101,7 +101,8 @@ def parser() -> argparse.ArgumentParser:
                    help="before committing, measure every cell comparison left within noise again: both configs "
                         "on a fresh engine, R rounds of those cells, pooled with the first (default 0: none; two "
                         "rounds per config can miss a gap of 15-20 %%, so two sweeps may route such a cell "
-                        "differently)")
+                        "differently; 8 brought two simulated sweeps of an H200 space within 3 %% on the mix in "
+                        "95 %% of pairs, benchmarks/results/repro_power_2026-12-04.md)")
     w.add_argument("--no-early-stop", action="store_true", help="run every request to completion (no "
                    "steady-state early stop)")
     r = p.add_argument_group("search and budgets")
