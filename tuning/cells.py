@@ -126,16 +126,18 @@ def choose_cells(measurements: Iterable[CellMeasurement], *, primary_band: str, 
             current = BucketChoice(bucket, primary.engine_key, primary.config, primary.figures(level),
                                    tuple(chosen)).key_for(band, in_flight)
             if best.engine_key == current:
+                # The kept config measured best; with the pooled noise, say so where it is not shown above the
+                # runner-up (a second sweep could show the runner-up above it). Figures measured once have no
+                # interval to tell, and a config measured at zero none to take a ratio of.
                 runner_up = max((m for k, m in here.items() if k != current),
                                 key=lambda m: m.figures(level).output_throughput, default=None)
-                if noise is not None and runner_up is not None:
-                    ratio = noise.ratio_interval(runner_up.throughputs, best.throughputs, level)
-                    if ratio[2] > 1.0:  # the kept config measured best, but not shown above the runner-up
+                if noise is not None and runner_up is not None and min(*best.throughputs, *runner_up.throughputs) > 0:
+                    ratio = noise.ratio_interval(best.throughputs, runner_up.throughputs, level)
+                    if ratio[1] <= 1.0:
                         undecided.append(Undecided(bucket, band, in_flight, runner_up.engine_key, current))
                         notes.append(f"{band}@{in_flight}: {current} {best.figures(level).output_throughput:.0f} "
-                                     f"tok/s vs {runner_up.engine_key} "
-                                     f"{runner_up.figures(level).output_throughput:.0f} tok/s, kept, not shown above "
-                                     f"it ({_unshown(noise, ratio, level)})")
+                                     f"tok/s vs {runner_up.engine_key} {runner_up.figures(level).output_throughput:.0f} "
+                                     f"tok/s, kept, not shown above it ({_unshown(noise, ratio, level)})")
                 continue
             if current not in here:
                 notes.append(f"{band}@{in_flight}: {best.engine_key} is best but {current} was not measured there; "

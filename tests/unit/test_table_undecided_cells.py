@@ -148,3 +148,46 @@ def test_a_kept_config_measured_best_but_not_shown_above_the_runner_up_is_undeci
     # far below it (shown): decided, nothing named
     df, table = _frame_and_table([500, 520])
     assert undecided_cells(df, BUCKETS, table) == [] and plan_decision(df, BUCKETS, table, rounds=4) is None
+
+
+def test_a_cell_from_a_lower_load_is_the_kept_config_at_a_higher_one():
+    """Sampled, MTP off shown best at 8 in flight: a cell from one request up. At 64 in flight that cell's
+    config serves the band; it measured best there too, but not shown above MTP-4: undecided, kept = MTP off."""
+    from tuning.cells import CellMeasurement, choose_cells
+    from tuning.stats import PooledNoise
+
+    off, mtp = ({"backend": "sim", "model": "m", "tp": 1, "memory_fraction": 0.8, **extra}
+                for extra in ({}, {"speculative_algorithm": "qwen3_5_mtp", "num_draft_tokens": 4}))
+    rounds = {("greedy", 64): ([1000, 1100], [1500, 1650]), ("sampled", 8): ([900, 950], [500, 520]),
+              ("sampled", 64): ([1100, 1150], [1000, 1100])}
+    measured = [CellMeasurement(config=cfg, bucket="le1024", band=band, in_flight=c, throughputs=tuple(r[i]))
+                for (band, c), r in rounds.items() for i, cfg in enumerate((off, mtp))]
+    noise = PooledNoise.of(m.throughputs for m in measured)
+    choice = choose_cells(measured, primary_band="greedy", primary_in_flight=64, min_gain=0.03, noise=noise)["le1024"]
+    key = {name: CellMeasurement(config=cfg, bucket="b", band="greedy", in_flight=1, throughputs=(1.0,)).engine_key
+           for name, cfg in (("off", off), ("mtp", mtp))}
+    assert choice.primary_key == key["mtp"]
+    assert [(c.sampling, c.min_in_flight) for c in choice.cells] == [("sampled", 1)]
+    (u,) = choice.undecided
+    assert (u.band, u.in_flight, u.kept_key, u.other_key) == ("sampled", 64, key["off"], key["mtp"])
+    (note,) = [n for n in choice.notes if n.startswith("sampled@64")]
+    import re
+
+    ratio = re.search(r"kept, not shown above it \((\d+\.\d+)x, 95 % (\d+\.\d+)-", note)
+    assert ratio is not None, note
+    assert float(ratio.group(1)) >= 1.0 and float(ratio.group(2)) <= 1.0  # kept over runner-up, interval holds 1
+
+
+def test_a_kept_config_against_a_zero_throughput_runner_up_gives_no_ratio_but_no_error():
+    from tuning.cells import CellMeasurement, choose_cells
+    from tuning.stats import PooledNoise
+
+    cfg = {"backend": "sim", "model": "m", "tp": 1, "memory_fraction": 0.8}
+    other = {**cfg, "speculative_algorithm": "qwen3_5_mtp", "num_draft_tokens": 4}
+    measured = [CellMeasurement(config=cfg, bucket="b", band="greedy", in_flight=64, throughputs=(1000.0, 1100.0)),
+                CellMeasurement(config=other, bucket="b", band="greedy", in_flight=64, throughputs=(900.0, 950.0)),
+                CellMeasurement(config=cfg, bucket="b", band="sampled", in_flight=64, throughputs=(1000.0, 1100.0)),
+                CellMeasurement(config=other, bucket="b", band="sampled", in_flight=64, throughputs=(0.0, 900.0))]
+    choice = choose_cells(measured, primary_band="greedy", primary_in_flight=64,
+                          noise=PooledNoise.of(m.throughputs for m in measured))["b"]
+    assert choice.cells == () and choice.undecided == ()

@@ -68,18 +68,25 @@ def plan_decision(results: Any, buckets: Sequence[Bucket], table: RoutingTable, 
     :func:`tuning.sweep.choose.pick_for` chooses it, before the rules on the traffic mix: a table that kept
     an undecided cell on the slower config predicts less on the mix, the one-config rule can then commit
     one config everywhere, and that table has no cell left to decide, so the comparison that tipped it
-    would never be measured again. A comparison whose two configs both have decide rows on its
-    cell already (an earlier decide phase of a resumed sweep) is not measured a third time: a resume
-    that only commits must not start engines again."""
+    would never be measured again. A cell whose kept config and another already have decide rows there
+    (an earlier decide phase of a resumed sweep) is not measured a third time, whichever config it is now
+    compared with: a resume that only commits must not start engines again."""
     if rounds < 0:
         raise ValueError(f"rounds={rounds}; allowed: >= 0")
     if rounds == 0:
         return None
     ok = results[results["status"] == STATUS_OK]
-    again = {(r["bucket"], r["sampling_band"], int(r["concurrency"]), r["engine_key"])
-             for r in ok[ok["role"] == ROLE_DECIDE].to_dict("records")} if "role" in ok else set()
-    undecided = [u for u in undecided_cells(results, buckets, table, constraints)
-                 if not {(u.bucket, u.band, u.in_flight, k) for k in (u.other_key, u.kept_key)} <= again]
+    again: dict[tuple[str, str, int], set[str]] = {}
+    for r in (ok[ok["role"] == ROLE_DECIDE].to_dict("records") if "role" in ok else ()):
+        again.setdefault((r["bucket"], r["sampling_band"], int(r["concurrency"])), set()).add(r["engine_key"])
+
+    def measured_again(u: Undecided) -> bool:
+        """The kept config and another were measured again on ``u``'s cell: pooling can make a third config
+        the runner-up there, and that comparison is not worth engine starts of its own."""
+        keys = again.get((u.bucket, u.band, u.in_flight), set())
+        return u.kept_key in keys and len(keys) > 1
+
+    undecided = [u for u in undecided_cells(results, buckets, table, constraints) if not measured_again(u)]
     if not undecided:
         return None
     points: dict[str, dict[str, Any]] = {}
