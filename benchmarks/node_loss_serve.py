@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 
 from benchmarks import onehost  # noqa: E402
 from orchestrator.config import EngineConfig  # noqa: E402
+from orchestrator.hostinfo import git_commit  # noqa: E402
 from orchestrator.sim.model import DEFAULT_PROFILE  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -267,15 +268,14 @@ def _versions() -> dict[str, str]:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             out[pkg] = "not installed"
+    out["git_commit"] = git_commit(ROOT) or "unknown"
     try:
-        out["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                                           check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
                                capture_output=True, text=True, check=True).stdout.strip()
         if dirty:
             out["git_commit"] += f" + uncommitted changes to {len(dirty.splitlines())} tracked file(s)"
     except (OSError, subprocess.CalledProcessError):
-        out["git_commit"] = "unknown"
+        pass  # outside git: the commit already says so
     return out
 
 

@@ -25,7 +25,6 @@ import dataclasses
 import json
 import math
 import platform
-import subprocess
 import sys
 import tarfile
 import time
@@ -40,6 +39,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from orchestrator.hostinfo import git_commit  # noqa: E402
 from tuning.cells import BucketChoice  # noqa: E402
 from tuning.results import STATUS_OK, pooled_noise, repeat_throughputs, results_frame, rows_for_trial  # noqa: E402
 from tuning.sweep.choose import choose_table, pick_for, predict_on_mix  # noqa: E402
@@ -204,7 +204,8 @@ def render(results: Sequence[Mapping[str, Any]], truth: Truth, start_sd: float, 
     lines = [
         "# Do two sweeps agree? The sweep's choosing code on drawn measurements (SIMULATED measurements)",
         "",
-        f"Command: `{command}` (commit {_git_rev()}, Python {platform.python_version()}, {platform.machine()}).",
+        f"Command: `{command}` (commit {(git_commit(ROOT) or 'unknown')[:7]}, Python {platform.python_version()}, "
+        f"{platform.machine()}).",
         "",
         f"Truth and noise from `{truth.source}`: one round's log sd {truth.round_sd:.3f} "
         f"({math.expm1(truth.round_sd):.1%}); engine-start log sd {start_sd:.3f}"
@@ -233,14 +234,6 @@ def render(results: Sequence[Mapping[str, Any]], truth: Truth, start_sd: float, 
         lines.append(f"- decide rounds {r['decide_rounds']}:")
         lines += [f"  - {v['share']:.0%}, {v['to_reference']:.3f}: {k}" for k, v in r["tables"].items()]
     return "\n".join(lines) + "\n"
-
-
-def _git_rev() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
