@@ -597,9 +597,9 @@ def _serve_until_interrupted(started_cluster: bool) -> None:
                                     if started_cluster else ""), flush=True)
     try:
         while True:
-            # Short sleeps: a process-directed SIGINT can land on one of Ray's threads, which only sets
-            # Python's flag; the main thread raises KeyboardInterrupt when it next wakes, so an hour-long
-            # sleep ignored Ctrl-C for up to an hour.
+            # Short sleeps: should a process-directed signal land on one of Ray's threads (Linux offers
+            # it to the main thread first), it only sets Python's flag, and the main thread raises
+            # KeyboardInterrupt when it next wakes: within a second, not an hour.
             time.sleep(1)
     except KeyboardInterrupt:
         pass
