@@ -269,7 +269,8 @@ def test_repeats_run_in_rounds_each_under_its_own_guard(tmp_path):
 def test_a_simulated_run_whose_engine_fell_behind_is_measured_again(tmp_path):
     """A simulated engine stopped for a moment mid-run (SIGSTOP, as a starved host would) runs behind its
     schedule; that run is measured again, and the run that stands says how far behind it was. The
-    engine's own request counter shows the extra run."""
+    engine's own request counter shows the extra run. The stop comes once the measured run has served a
+    wave by that counter, not at a fixed time: on a busy host the warm-up can outlast any fixed delay."""
     import os
     import signal
     import threading
@@ -285,13 +286,17 @@ def test_a_simulated_run_whose_engine_fell_behind_is_measured_again(tmp_path):
     try:
         engine.wait_until_ready()
 
+        before, measurements = _served(engine), {}
+        first = buckets[0].workload_at(8)
+
         def stall() -> None:
-            time.sleep(1.0)
+            deadline = time.monotonic() + 60
+            while _served(engine) < before + first.warmup_requests + 8 and time.monotonic() < deadline:
+                time.sleep(0.05)
             os.kill(engine.pid, signal.SIGSTOP)
             time.sleep(1.0)
             os.kill(engine.pid, signal.SIGCONT)
 
-        before, measurements = _served(engine), {}
         staller = threading.Thread(target=stall, daemon=True)
         staller.start()
         plan = MeasurePlan(steady_state=None, request_timeout_s=60, sim_remeasure=3)
@@ -303,6 +308,6 @@ def test_a_simulated_run_whose_engine_fell_behind_is_measured_again(tmp_path):
         engine.stop()
     assert failure == ""
     run = measurements[("le1024", 8)]
-    once = buckets[0].workload_at(8).num_prompts + buckets[0].workload_at(8).warmup_requests
+    once = first.num_prompts + first.warmup_requests
     assert run["sim_remeasured"] >= 1 and delta == once * (1 + run["sim_remeasured"])
     assert run["sim_lag_share"] <= MAX_LAG_SHARE or run["sim_remeasured"] == plan.sim_remeasure
