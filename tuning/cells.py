@@ -135,9 +135,8 @@ def choose_cells(measurements: Iterable[CellMeasurement], *, primary_band: str, 
                     ratio = noise.ratio_interval(best.throughputs, runner_up.throughputs, level)
                     if ratio[1] <= 1.0:
                         undecided.append(Undecided(bucket, band, in_flight, runner_up.engine_key, current))
-                        notes.append(f"{band}@{in_flight}: {current} {best.figures(level).output_throughput:.0f} "
-                                     f"tok/s vs {runner_up.engine_key} {runner_up.figures(level).output_throughput:.0f} "
-                                     f"tok/s, kept, not shown above it ({_unshown(noise, ratio, level)})")
+                        notes.append(f"{_versus(band, in_flight, best, runner_up, level)}, kept, not shown above "
+                                     f"it ({_unshown(noise, ratio, level)})")
                 continue
             if current not in here:
                 notes.append(f"{band}@{in_flight}: {best.engine_key} is best but {current} was not measured there; "
@@ -154,8 +153,7 @@ def choose_cells(measurements: Iterable[CellMeasurement], *, primary_band: str, 
                                    config=dict(best.config), figures=b,
                                    primary_figures=primary_here.figures(level) if primary_here else None))
             else:
-                said = f"{band}@{in_flight}: {best.engine_key} {b.output_throughput:.0f} tok/s vs {current} " \
-                       f"{c.output_throughput:.0f} tok/s"
+                said = _versus(band, in_flight, best, here[current], level)
                 if beyond and noise is not None:  # shown at the pooled noise, by too little to pay for an engine
                     notes.append(f"{said}, shown above it but by no more than {min_gain:.0%}: kept {current}")
                     continue
@@ -167,6 +165,12 @@ def choose_cells(measurements: Iterable[CellMeasurement], *, primary_band: str, 
         out[bucket] = BucketChoice(bucket, primary.engine_key, primary.config, primary.figures(level), tuple(chosen),
                                    tuple(notes), tuple(undecided))
     return out
+
+
+def _versus(band: str, in_flight: int, a: CellMeasurement, b: CellMeasurement, level: float) -> str:
+    """``"band@in_flight: A n tok/s vs B m tok/s"``: how a note names a comparison."""
+    return (f"{band}@{in_flight}: {a.engine_key} {a.figures(level).output_throughput:.0f} tok/s vs {b.engine_key} "
+            f"{b.figures(level).output_throughput:.0f} tok/s")
 
 
 def _unshown(noise: PooledNoise, ratio: tuple[float, float, float], level: float, power: float = 0.8,
