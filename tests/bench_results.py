@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from tuning.sweep.measure import representative_run
+
 __all__ = ["bench_result"]
 
 
 def bench_result(rounds: list[float]) -> dict[str, Any]:
     lat = {"mean": 10.0, "median": 10.0, "p99": 20.0}
-    return {"output_throughput": sorted(rounds)[0], "request_throughput": 1.0, "completed": 64, "failed": 0,
-            "failure_reasons": {}, "ttft_ms": lat, "tpot_ms": lat, "itl_ms": lat, "e2e_ms": lat, "accept_length": 2.0,
-            "simulated": True, "repeat_output_throughputs": rounds}
+    return representative_run([{"output_throughput": x, "request_throughput": 1.0, "completed": 64, "failed": 0,
+                                "failure_reasons": {}, "ttft_ms": lat, "tpot_ms": lat, "itl_ms": lat, "e2e_ms": lat,
+                                "accept_length": 2.0, "simulated": True} for x in rounds])
