@@ -155,12 +155,11 @@ def routes(table: Any, spec: SweepSpec) -> tuple[str, ...]:
                  for b in spec.buckets for band in table.sampling_bands for level in b.concurrency_levels)
 
 
-def measure(sweeper: Sweeper, decide_rounds: int, pairs: int, seed: int) -> dict[str, Any]:
+def measure(sweeper: Sweeper, truth_df: Any, reference: float, decide_rounds: int, pairs: int,
+            seed: int) -> dict[str, Any]:
     """``pairs`` pairs of independent sweeps at ``decide_rounds``: how often their tables agree on the mix,
-    and each table's true throughput on it over the reference's (the table of a noise-free sweep)."""
+    and each table's true throughput on it (scored on ``truth_df``) over ``reference``."""
     spec, traffic = sweeper.spec, sweeper.traffic
-    truth_df = truth_frame(sweeper)
-    reference = true_mix(choose_table(truth_df, spec, provenance_for(spec, truth_df), traffic), spec, truth_df, traffic)
     rng = np.random.default_rng(seed)
     cache: dict[tuple[str, ...], float] = {}
     ratios, scores, decided, differ = [], [], 0, 0
@@ -255,10 +254,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     truth = truth_from_run()
     spec = resumed_spec(RUN / "work" / "sweep-a")
     sweeper = Sweeper(spec, truth, load_mix(MIX), start_sd=args.start_sd)
+    truth_df = truth_frame(sweeper)  # the reference: the table a noise-free sweep commits, on the truth
+    reference = true_mix(choose_table(truth_df, spec, provenance_for(spec, truth_df), sweeper.traffic), spec, truth_df,
+                         sweeper.traffic)
     results = []
     for i, r in enumerate(settings):
         t0 = time.monotonic()
-        results.append(measure(sweeper, r, args.pairs, args.seed + i))
+        results.append(measure(sweeper, truth_df, reference, r, args.pairs, args.seed + i))
         print(f"decide rounds {r}: within {TOLERANCE:.0%} in {results[-1]['within_tolerance']:.0%} of "
               f"{args.pairs} pairs ({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
     command = "python benchmarks/repro_power.py " + " ".join(argv if argv is not None else sys.argv[1:])
