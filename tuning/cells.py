@@ -8,6 +8,7 @@ everything else shares the primary's engines.
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -16,14 +17,16 @@ from typing import Any
 from orchestrator.config import EngineConfig
 from orchestrator.table import BucketFigures, BucketRoute, Cell, select_cell
 from tuning.mixed import MixedPrediction, mixed_throughput
-from tuning.stats import PooledNoise, mean_confidence_interval
+from tuning.stats import PooledNoise, effective_starts, mean_confidence_interval
 
 __all__ = ["BucketChoice", "CellMeasurement", "Undecided", "choose_cells", "mix_parts", "part_rates", "predict_mix"]
 
 
 @dataclass(frozen=True)
 class CellMeasurement:
-    """One config measured on one cell of one bucket: a throughput per interleaved round."""
+    """One config measured on one cell of one bucket: a throughput per interleaved round, and how many of
+    those rounds each engine start measured (``rounds_per_start``, in the order of ``throughputs``; empty:
+    one start measured them all)."""
 
     config: Mapping[str, Any]
     bucket: str
@@ -31,15 +34,26 @@ class CellMeasurement:
     in_flight: int
     throughputs: tuple[float, ...]
     accept_length: float | None = None
+    rounds_per_start: tuple[int, ...] = ()
 
     @property
     def engine_key(self) -> str:
         return EngineConfig.from_dict(self.config).key()
 
+    @property
+    def starts(self) -> float:
+        """The engine starts the mean averages (:func:`tuning.stats.effective_starts`)."""
+        return effective_starts(self.rounds_per_start or (len(self.throughputs),))
+
     def __post_init__(self) -> None:
         if not self.throughputs or any(t < 0 for t in self.throughputs):
             raise ValueError(f"{self.engine_key} on {self.bucket}/{self.band}@{self.in_flight}: "
                              f"throughputs must be >= 0 and at least one, got {self.throughputs}")
+        if self.rounds_per_start and (sum(self.rounds_per_start) != len(self.throughputs)
+                                      or min(self.rounds_per_start) < 1):
+            raise ValueError(f"{self.engine_key} on {self.bucket}/{self.band}@{self.in_flight}: rounds_per_start "
+                             f"{self.rounds_per_start} must be >= 1 each and add up to the "
+                             f"{len(self.throughputs)} throughputs")
 
     def figures(self, level: float = 0.95) -> BucketFigures:
         mean, low, high = mean_confidence_interval(self.throughputs, level)
@@ -132,7 +146,8 @@ def choose_cells(measurements: Iterable[CellMeasurement], *, primary_band: str, 
                 runner_up = max((m for k, m in here.items() if k != current),
                                 key=lambda m: m.figures(level).output_throughput, default=None)
                 if noise is not None and runner_up is not None and min(*best.throughputs, *runner_up.throughputs) > 0:
-                    ratio = noise.ratio_interval(best.throughputs, runner_up.throughputs, level)
+                    ratio = noise.ratio_interval(best.throughputs, runner_up.throughputs, level,
+                                                 starts=(best.starts, runner_up.starts))
                     if ratio[1] <= 1.0:
                         undecided.append(Undecided(bucket, band, in_flight, runner_up.engine_key, current))
                         notes.append(f"{_versus(band, in_flight, best, runner_up, level)}, kept, not shown above "
@@ -144,7 +159,8 @@ def choose_cells(measurements: Iterable[CellMeasurement], *, primary_band: str, 
                 continue
             b, c = best.figures(level), here[current].figures(level)
             assert b.output_throughput_ci is not None and c.output_throughput_ci is not None
-            ratio = (noise.ratio_interval(best.throughputs, here[current].throughputs, level)
+            ratio = (noise.ratio_interval(best.throughputs, here[current].throughputs, level,
+                                          starts=(best.starts, here[current].starts))
                      if noise is not None else None)
             beyond = ratio[1] > 1.0 if ratio is not None else b.output_throughput_ci[0] > c.output_throughput_ci[1]
             if beyond and b.output_throughput > c.output_throughput * (1.0 + min_gain):
@@ -183,6 +199,10 @@ def _unshown(noise: PooledNoise, ratio: tuple[float, float, float], level: float
         return f"{said}; no gap measured to size more rounds for"
     rounds = noise.rounds_to_separate(r, level, power, max_rounds=max_rounds)
     at = f"at {round(power * 100, 6):g} % power"
+    if rounds is None and noise.start_sd > 0 and noise.rounds_to_separate(r, level, power, max_rounds=max_rounds,
+                                                                          starts=max_rounds) is not None:
+        return (f"{said}; no number of rounds on one engine start would tell a gap this size apart {at} (a start "
+                f"moves its rounds by {math.expm1(noise.start_sd):.1%}): rounds over several starts would")
     if rounds is None:
         return f"{said}; telling a gap this size apart {at} would take more than {max_rounds} rounds per config"
     return f"{said}; ~{rounds} rounds per config would tell a gap this size apart {at}"

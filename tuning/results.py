@@ -57,6 +57,7 @@ __all__ = [
     "pick_best",
     "primary_rows",
     "measured_at_primary",
+    "measured_by",
     "repeat_throughputs",
     "results_frame",
     "rows_for_trial",
@@ -156,6 +157,17 @@ def repeat_throughputs(row: Mapping[str, Any]) -> list[float]:
     if isinstance(repeats, str) and repeats:
         return [float(x) for x in repeats.split(";")]
     return [float(row["output_throughput"])]
+
+
+def measured_by(row: Mapping[str, Any]) -> str:
+    """The trial whose engine start measured ``row``: its own, or for a cached copy (a duplicate config
+    handed another trial's rows) the trial it was copied from. Rows of one trial and config share one engine
+    start; a copy is the same measurement, not a second one."""
+    if row.get("cached") is True or str(row.get("cached")).lower() == "true":
+        source = row.get("cached_from_trial")
+        if not _isnull(source) and source:
+            return str(source)
+    return str(row.get("trial_id"))
 
 
 def figure_columns(bench: Mapping[str, Any]) -> dict[str, Any]:
@@ -448,9 +460,16 @@ def within_noise(a: Mapping[str, Any], b: Mapping[str, Any], noise: PooledNoise 
 
 
 def pooled_noise(rows: pd.DataFrame) -> PooledNoise | None:
-    """The noise of one round pooled over every successful row measured in rounds (``None``: none was)."""
+    """The noise of one round, and of one engine start where a config was measured on a cell by several,
+    pooled over every successful row measured in rounds (``None``: none was). A row's rounds are one
+    start's (:func:`measured_by`); a cached copy of a row adds nothing."""
     ok = rows[(rows["status"] == STATUS_OK) & rows["output_throughput"].notna()] if not rows.empty else rows
-    return PooledNoise.of(repeat_throughputs(r) for r in ok.to_dict("records"))
+    measurements: dict[tuple[Any, ...], dict[str, list[float]]] = {}
+    for r in ok.to_dict("records"):
+        t = r.get("temperature")
+        cell = (r.get("engine_key"), r.get("bucket"), r.get("concurrency"), None if _isnull(t) else float(t))
+        measurements.setdefault(cell, {}).setdefault(measured_by(r), repeat_throughputs(r))
+    return PooledNoise.of_starts(list(starts.values()) for starts in measurements.values())
 
 
 def consolidate(ranked: Sequence[Sequence[dict[str, Any]]], noise: PooledNoise | None = None) -> list[dict[str, Any]]:
@@ -647,11 +666,13 @@ def measured_at_primary(results: pd.DataFrame, b: Bucket, engine_key: str) -> tu
 
 def cell_measurements(rows: pd.DataFrame, b: Bucket) -> list[Any]:
     """Bucket ``b``'s successful rows as :class:`tuning.cells.CellMeasurement` s: one per config x
-    sampling band x concurrency, every repeat's throughput a sample (rows from before the temperature
-    column stand for the bucket's primary temperature)."""
+    sampling band x concurrency, every repeat's throughput a sample and every measuring trial an engine
+    start (rows from before the temperature column stand for the bucket's primary temperature; a cached
+    copy of a row, :func:`measured_by`, is not counted again)."""
     from tuning.cells import CellMeasurement
 
-    samples: dict[tuple[str, str, int], list[float]] = {}
+    samples: dict[tuple[str, str, int], dict[str, list[float]]] = {}
+    seen: set[tuple[str, str, int, float, str]] = set()
     configs: dict[str, dict[str, Any]] = {}
     accept: dict[tuple[str, str, int], float] = {}
     rows = rows[(rows["bucket"] == b.name) & (rows["status"] == STATUS_OK) & rows["output_throughput"].notna()]
@@ -662,13 +683,19 @@ def cell_measurements(rows: pd.DataFrame, b: Bucket) -> list[Any]:
         if band is None:
             continue
         k = (str(row["engine_key"]), band.name, int(row["concurrency"]))
-        samples.setdefault(k, []).extend(repeat_throughputs(row))
+        source = measured_by(row)
+        if (*k, t, source) in seen:
+            continue
+        seen.add((*k, t, source))
+        samples.setdefault(k, {}).setdefault(source, []).extend(repeat_throughputs(row))
         configs[k[0]] = config_of_row(row)
         if not _isnull(row.get("accept_length")):
             accept[k] = float(row["accept_length"])
-    return [CellMeasurement(config=configs[key], bucket=b.name, band=band, in_flight=c, throughputs=tuple(v),
+    return [CellMeasurement(config=configs[key], bucket=b.name, band=band, in_flight=c,
+                            throughputs=tuple(x for rounds in starts.values() for x in rounds),
+                            rounds_per_start=tuple(len(rounds) for rounds in starts.values()),
                             accept_length=accept.get((key, band, c)))
-            for (key, band, c), v in samples.items() if v]
+            for (key, band, c), starts in samples.items() if any(starts.values())]
 
 
 def _cells(b: Bucket, at_bucket: pd.DataFrame, primary_key: str, constraints: Constraints,

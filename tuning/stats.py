@@ -1,6 +1,6 @@
 """Statistics for comparing configs: Student-t quantiles, mean confidence intervals, the noise of one
-benchmark round pooled over a sweep (:class:`PooledNoise`), and a two-sample test that two engines
-produce the same distribution of categorical outcomes.
+benchmark round and of one engine start pooled over a sweep (:class:`PooledNoise`), and a two-sample
+test that two engines produce the same distribution of categorical outcomes.
 
 Why here and hand-written: three functions do not justify scipy as a dependency. The quantile is exact
 for one and two degrees of freedom (closed forms) and within 1e-3 relative from three up (Abramowitz &
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["PooledNoise", "categorical_homogeneity_test", "chi_square_statistic", "mean_confidence_interval",
-           "rounds_for_half_width", "t_quantile"]
+__all__ = ["PooledNoise", "categorical_homogeneity_test", "chi_square_statistic", "effective_starts",
+           "mean_confidence_interval", "rounds_for_half_width", "t_quantile"]
 
 
 def t_quantile(p: float, df: int) -> float:
@@ -69,11 +69,22 @@ def rounds_for_half_width(cv: float, half_width: float, level: float = 0.95, *, 
     return n
 
 
+def effective_starts(rounds_per_start: Sequence[int]) -> float:
+    """How many engine starts a mean over all these rounds averages, for the variation between starts:
+    ``N^2 / sum n_j^2``, the number of starts when they have equal rounds, fewer when one start holds most
+    rounds (its luck weighs in the mean by its share of the rounds)."""
+    if not rounds_per_start or min(rounds_per_start) < 1:
+        raise ValueError(f"rounds_per_start={tuple(rounds_per_start)}; allowed: at least one start, each >= 1 round")
+    total = sum(rounds_per_start)
+    return total * total / sum(n * n for n in rounds_per_start)
+
+
 @dataclass(frozen=True)
 class PooledNoise:
     """How much one round's throughput moves, pooled over every config x cell a sweep measured in rounds:
-    the standard deviation of log throughput about each measurement's own mean, with its degrees of
-    freedom (rounds minus one, summed).
+    the standard deviation of log throughput about each engine start's own mean, with its degrees of
+    freedom (rounds minus one, summed); and, where some config was measured on one cell by more than one
+    engine start, how much a start shifts all of its rounds (``start_sd``, ``start_df``).
 
     Why pooled: two or three rounds per measurement leave each one's own spread nearly unknown (two
     rounds give one degree of freedom, and a 95 % t-interval 12.7 standard errors wide), so comparing
@@ -82,48 +93,101 @@ class PooledNoise:
     known to within a few percent, and a ratio of two configs on one cell gets an interval of useful
     width. Logs, because the noise is relative (a wave moves some percent, at any throughput).
 
+    Why a second level: the rounds of one engine start share that start's luck (its memory layout, its
+    compiled kernels, what the host did meanwhile), so their spread holds none of the variation between
+    starts; more rounds on one start shrink only the first term of a comparison's variance. Where the
+    sweep measured a config again on a fresh engine (``--decide-rounds``) the starts' means tell that
+    variation apart (one-way random effects, method of moments, pooled over the measurements with
+    several starts), and every comparison carries it: two configs measured on one start each differ by
+    two starts' luck too. Without such measurements ``start_sd`` is 0 with ``start_df`` 0: unknown, and
+    a difference called real can still be one start's luck.
+
     What it assumes: one spread for every cell (short outputs and one-wave cells move more than long
-    ones, so pooling understates their noise and overstates the others'), and rounds that sample all the
-    variation between two configs. The rounds of one measurement come from one engine start, so the
-    variation between engine starts is not in them: a difference this calls real can still be one
-    start's luck; interleaved rounds over several starts are the stronger evidence."""
+    ones, so pooling understates their noise and overstates the others'), and start offsets independent
+    of the config."""
 
     sd: float
     df: int
+    start_sd: float = 0.0
+    start_df: int = 0
 
     @classmethod
     def of(cls, groups: Iterable[Sequence[float]]) -> PooledNoise | None:
-        """From each measurement's rounds (throughputs > 0); ``None`` when no measurement has two rounds."""
-        ss, df = 0.0, 0
-        for g in groups:
-            logs = [math.log(x) for x in g if x > 0]
-            if len(logs) > 1:
-                m = statistics.fmean(logs)
-                ss += sum((x - m) ** 2 for x in logs)
-                df += len(logs) - 1
-        return cls(sd=math.sqrt(ss / df), df=df) if df else None
+        """From each measurement's rounds (throughputs > 0), every measurement its own engine start; ``None``
+        when no measurement has two rounds."""
+        return cls.of_starts([g] for g in groups)
 
-    def ratio_interval(self, a: Sequence[float], b: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
-        """``(ratio, low, high)``: the geometric mean of ``a`` over that of ``b`` and its ``level`` interval."""
+    @classmethod
+    def of_starts(cls, measurements: Iterable[Sequence[Sequence[float]]]) -> PooledNoise | None:
+        """From each measurement (one config on one cell) as its engine starts' rounds (throughputs > 0);
+        ``None`` when no start has two rounds. The spread between starts, from the measurements with two
+        starts or more: the starts' mean logs about the measurement's, weighted by their rounds (the
+        between-start sum of squares), less what the rounds' own spread puts there, over
+        ``n0 = (N - sum n_j^2 / N) / (k - 1)`` rounds a start (the unbalanced one-way layout's), clipped at 0."""
+        ss_w, df_w = 0.0, 0
+        between: list[tuple[float, int, float]] = []  # (sum of squares, df, n0) per measurement with >= 2 starts
+        for starts in measurements:
+            logs = [[math.log(x) for x in rounds if x > 0] for rounds in starts]
+            logs = [g for g in logs if g]
+            for g in logs:
+                if len(g) > 1:
+                    m = statistics.fmean(g)
+                    ss_w += sum((x - m) ** 2 for x in g)
+                    df_w += len(g) - 1
+            if len(logs) > 1:
+                n = [len(g) for g in logs]
+                total = sum(n)
+                means = [statistics.fmean(g) for g in logs]
+                grand = sum(nj * mj for nj, mj in zip(n, means)) / total
+                n0 = (total - sum(nj * nj for nj in n) / total) / (len(n) - 1)
+                between.append((sum(nj * (mj - grand) ** 2 for nj, mj in zip(n, means)), len(n) - 1, n0))
+        if not df_w:
+            return None
+        sd2 = ss_w / df_w
+        start_df = sum(df for _, df, _ in between)
+        start_sd2 = (max(0.0, (sum(ss for ss, _, _ in between) - sd2 * start_df) / sum(df * n0 for _, df, n0 in between))
+                     if start_df else 0.0)
+        return cls(sd=math.sqrt(sd2), df=df_w, start_sd=math.sqrt(start_sd2), start_df=start_df)
+
+    def ratio_interval(self, a: Sequence[float], b: Sequence[float], level: float = 0.95, *,
+                       starts: tuple[float, float] = (1.0, 1.0)) -> tuple[float, float, float]:
+        """``(ratio, low, high)``: the geometric mean of ``a`` over that of ``b`` and its ``level`` interval.
+        ``starts``: the engine starts behind each sample, as :func:`effective_starts` counts them; each
+        adds ``start_sd^2 / starts`` to the variance of its mean log (degrees of freedom by
+        Satterthwaite's approximation when both parts are known)."""
         if not a or not b or min(*a, *b) <= 0:
             raise ValueError("both samples need at least one throughput, all > 0")
+        if min(starts) < 1.0:
+            raise ValueError(f"starts={starts}; allowed: >= 1 each")
         d = statistics.fmean(math.log(x) for x in a) - statistics.fmean(math.log(x) for x in b)
-        half = t_quantile(0.5 + level / 2, self.df) * self.sd * math.sqrt(1 / len(a) + 1 / len(b))
+        var_rounds = self.sd ** 2 * (1 / len(a) + 1 / len(b))
+        var_starts = self.start_sd ** 2 * (1 / starts[0] + 1 / starts[1])
+        half = t_quantile(0.5 + level / 2, self._df(var_rounds, var_starts)) * math.sqrt(var_rounds + var_starts)
         return math.exp(d), math.exp(d - half), math.exp(d + half)
 
-    def different(self, a: Sequence[float], b: Sequence[float], level: float = 0.95) -> bool:
+    def _df(self, var_rounds: float, var_starts: float) -> int:
+        """Degrees of freedom of a variance ``var_rounds + var_starts`` (Satterthwaite), at least 1."""
+        if var_starts <= 0.0 or not self.start_df:
+            return self.df
+        return max(1, math.floor((var_rounds + var_starts) ** 2
+                                 / (var_rounds ** 2 / self.df + var_starts ** 2 / self.start_df)))
+
+    def different(self, a: Sequence[float], b: Sequence[float], level: float = 0.95, *,
+                  starts: tuple[float, float] = (1.0, 1.0)) -> bool:
         """Is one sample's throughput shown above the other's: does the ratio's interval exclude 1?"""
-        _, low, high = self.ratio_interval(a, b, level)
+        _, low, high = self.ratio_interval(a, b, level, starts=starts)
         return low > 1.0 or high < 1.0
 
     def rounds_to_separate(self, ratio: float, level: float = 0.95, power: float = 0.8, *,
-                           max_rounds: int = 1000) -> int | None:
-        """The fewest rounds per config (both configs alike, at least two) at which a true throughput
-        ``ratio`` of one config over the other would be shown different from 1 (:meth:`different` at
-        ``level``) with probability ``power``: the smallest ``n`` with ``|log ratio| >= (t(level) +
-        t(power)) * sd * sqrt(2 / n)``, both quantiles at this noise's degrees of freedom (those
-        :meth:`ratio_interval` uses; the new rounds would add some, so this errs on the side of more
-        rounds). ``None`` for a ratio of 1 (no gap to find) or where more than ``max_rounds`` would be needed.
+                           max_rounds: int = 1000, starts: float = 1.0) -> int | None:
+        """The fewest rounds per config (both configs alike, at least two, spread over ``starts`` engine
+        starts each) at which a true throughput ``ratio`` of one config over the other would be shown
+        different from 1 (:meth:`different` at ``level``) with probability ``power``: the smallest ``n``
+        with ``|log ratio| >= (t(level) + t(power)) * sqrt(2 sd^2 / n + 2 start_sd^2 / starts)``, both
+        quantiles at the degrees of freedom :meth:`ratio_interval` would use (the new rounds would add some,
+        so this errs on the side of more rounds). ``None`` for a ratio of 1 (no gap to find) or where more
+        than ``max_rounds`` would be needed, which the variation between starts makes so at any number of
+        rounds when the gap is within its share.
 
         Why: a comparison within noise means "not shown", not "the same". At a log sd of 0.11 pooled
         over 8 df, two rounds a config give a 95 % ratio interval of 0.78-1.29 times
@@ -138,25 +202,37 @@ class PooledNoise:
             raise ValueError(f"power={power}; allowed: 0 < power < 1")
         if max_rounds < 2:
             raise ValueError(f"max_rounds={max_rounds}; allowed: >= 2")
+        if starts < 1.0:
+            raise ValueError(f"starts={starts}; allowed: >= 1")
         gap = abs(math.log(ratio))
         if gap == 0.0:
             return None
-        k = t_quantile(0.5 + level / 2, self.df) + t_quantile(power, self.df)
+        var_starts = 2 * self.start_sd ** 2 / starts
 
         def separates(n: int) -> bool:
-            return gap >= k * self.sd * math.sqrt(2 / n)
+            var_rounds = 2 * self.sd ** 2 / n
+            df = self._df(var_rounds, var_starts)
+            k = t_quantile(0.5 + level / 2, df) + t_quantile(power, df)
+            return gap >= k * math.sqrt(var_rounds + var_starts)
 
         if not separates(max_rounds):
             return None
-        n = max(2, min(max_rounds, math.ceil(2 * (k * self.sd / gap) ** 2))) if k > 0 else 2
-        while not separates(n):  # the closed form's rounding, either way
-            n += 1
-        while n > 2 and separates(n - 1):
-            n -= 1
-        return n
+        lo, hi = 1, max_rounds  # separates(hi): bisect for the fewest n (monotone in n without start variation;
+        # with it the degrees of freedom move a little with n)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if separates(mid):
+                hi = mid
+            else:
+                lo = mid
+        return max(2, hi)
 
     def describe(self) -> str:
-        return f"one round's throughput moves {math.expm1(self.sd):.1%} (log sd {self.sd:.3f}, {self.df} df, pooled)"
+        said = f"one round's throughput moves {math.expm1(self.sd):.1%} (log sd {self.sd:.3f}, {self.df} df, pooled)"
+        if self.start_df:
+            said += (f"; an engine start shifts its rounds by {math.expm1(self.start_sd):.1%} (log sd "
+                     f"{self.start_sd:.3f}, {self.start_df} df)")
+        return said
 
 
 def chi_square_statistic(a: Sequence[Hashable], b: Sequence[Hashable]) -> float:
