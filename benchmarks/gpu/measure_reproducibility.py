@@ -58,7 +58,8 @@ def sweep(tag: str, a: argparse.Namespace) -> dict[str, Any]:
     cmd = e2e.sweep_cmd(a, run_dir, sweep_id=f"repro-{tag}", num_trials=a.num_trials, share=True,
                         time_budget_s=a.time_budget_s)
     cmd[cmd.index("--seed") + 1] = str(SEEDS[tag])
-    cmd += ["--temperatures", a.temperatures, "--traffic-mix", a.traffic_mix, "--decide-rounds", str(a.decide_rounds)]
+    cmd += ["--temperatures", a.temperatures, "--traffic-mix", a.traffic_mix, "--decide-rounds", str(a.decide_rounds),
+            "--decide-starts", str(a.decide_starts)]
     if a.burn_in_s is not None and not a.sim:
         cmd += ["--burn-in-s", f"{a.burn_in_s:g}"]
     t = time.monotonic()
@@ -157,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--burn-in-s", type=float, default=30, help="each engine's burn-in in the sweeps")
     p.add_argument("--decide-rounds", type=int, default=0,
                    help="each sweep measures its undecided cell comparisons again, this many rounds (tuning.sweep)")
+    p.add_argument("--decide-starts", type=int, default=1,
+                   help="split --decide-rounds over this many fresh engines per config, started in alternation "
+                        "(tuning.sweep; --decide-rounds must be a multiple of it)")
     p.add_argument("--draft-tokens", default="4")
     p.add_argument("--memory-fractions", default="0.06")
     p.add_argument("--max-batch-size", type=int, default=64)

@@ -10,7 +10,7 @@ import pytest
 from orchestrator.config import EngineConfig
 from tests.bench_results import bench_result
 from tuning.buckets import make_buckets
-from tuning.results import cell_measurements, results_frame, rows_for_trial
+from tuning.results import cell_measurements, pooled_noise, results_frame, rows_for_trial
 from tuning.sweep import SweepSpec
 from tuning.sweep.records import ResultRow
 from tuning.sweep.space import ROLE_MTP_OFF, ROLE_STATIC, SearchSpace
@@ -28,17 +28,22 @@ def ray_local():
     ray.shutdown()
 
 
-def test_an_undecided_cell_is_measured_again_and_pooled(tmp_path):
-    from tuning.sweep.runner import _decide
+def _space() -> SearchSpace:
+    return SearchSpace(engine="sim", model=PROFILE, tp=8, num_draft_tokens=(4,), memory_fraction=(0.8,),
+                       max_batch_size=(64,), extra_flags=("--startup-delay", "1")).with_baselines()
 
-    space = SearchSpace(engine="sim", model=PROFILE, tp=8, num_draft_tokens=(4,), memory_fraction=(0.8,),
-                        max_batch_size=(64,), extra_flags=("--startup-delay", "1")).with_baselines()
-    spec = SweepSpec(sweep_id="decide", run_dir=str(tmp_path / "decide"), space=space, buckets=BUCKETS,
+
+def _spec(tmp_path: Path, **decide: int) -> SweepSpec:
+    spec = SweepSpec(sweep_id="decide", run_dir=str(tmp_path / "decide"), space=_space(), buckets=BUCKETS,
                      sim_time_scale=8.0, steady_state=None, max_concurrent_trials=2, ready_timeout_s=60, repeats=2,
-                     decide_rounds=2)
+                     **decide)
     Path(spec.run_dir).mkdir(parents=True)
-    # First measurements (as a sweep's trials report them): MTP-4 clearly ahead greedy, MTP off ~5 % ahead
-    # sampled at ~10 % noise per round: not shown, so the sampled cell stays on MTP-4.
+    return spec
+
+
+def _first_rows(space: SearchSpace) -> tuple[list[ResultRow], dict[str, EngineConfig]]:
+    """First measurements (as a sweep's trials report them): MTP-4 clearly ahead greedy, MTP off ~5 % ahead
+    sampled at ~10 % noise per round: not shown, so the sampled cell stays on MTP-4."""
     figures = {ROLE_MTP_OFF: {0.0: [1000, 1100], 0.8: [1050, 1160]},
                ROLE_STATIC: {0.0: [1500, 1650], 0.8: [1000, 1100]}}
     rows: list[ResultRow] = []
@@ -49,6 +54,15 @@ def test_an_undecided_cell_is_measured_again_and_pooled(tmp_path):
         meas = {BUCKETS[0].measurement_key(64, t): bench_result(v) for t, v in figures[point.role].items()}
         rows += [ResultRow.from_mapping(r) for r in rows_for_trial(
             sweep_id="decide", trial_id=point.role, role=point.role, config=cfg, buckets=BUCKETS, measurements=meas)]
+    return rows, configs
+
+
+def test_an_undecided_cell_is_measured_again_and_pooled(tmp_path):
+    from tuning.sweep.runner import _decide
+
+    spec = _spec(tmp_path, decide_rounds=2)
+    space = spec.space
+    rows, configs = _first_rows(space)
 
     all_rows, df, note = _decide(spec, rows, results_frame(rows))
 
@@ -74,3 +88,40 @@ def test_an_undecided_cell_is_measured_again_and_pooled(tmp_path):
         measurements={BUCKETS[0].measurement_key(64, t): bench_result(v) for t, v in decided[role].items()})]
     again, _, again_note = _decide(spec, clear, results_frame(clear))
     assert again_note is None and again == clear
+
+
+def test_decide_rounds_split_over_fresh_engine_starts(tmp_path):
+    """``--decide-rounds 2 --decide-starts 2``: each config gets two trials of one round each, every trial
+    its own engine start, the configs' starts queued in alternation."""
+    from tuning.results import repeat_throughputs
+    from tuning.sweep.runner import _decide
+
+    spec = _spec(tmp_path, decide_rounds=2, decide_starts=2)
+    rows, configs = _first_rows(spec.space)
+
+    all_rows, _, note = _decide(spec, rows, results_frame(rows))
+
+    assert note is not None and note.startswith("decide: 1 cell comparison(s) within noise (le1024 sampled@64)")
+    assert "on 2 fresh engines each, 1 round per cell on each" in note and "(4 rows)" in note
+    added = all_rows[len(rows):]
+    assert len(added) == 4 and {r.role for r in added} == {"decide"}  # 2 configs x 2 starts
+    by_key: dict[str, set[str]] = {}
+    for r in added:
+        assert (r.bucket, r.temperature, r.concurrency, r.status, r.primary_load) == ("le1024", 0.8, 64, "ok", False)
+        assert not r.output_throughput_repeats  # one round: no list of repeats, the row's one figure
+        assert len(repeat_throughputs(r.to_dict())) == 1
+        by_key.setdefault(r.engine_key, set()).add(r.trial_id)
+    assert set(by_key) == {c.key() for c in configs.values()}
+    assert all(len(trials) == 2 for trials in by_key.values())  # two engine starts per config
+    assert len(set().union(*by_key.values())) == 4  # no trial shared between configs either
+    logs = Path(spec.run_dir) / "decide" / "engine-logs"
+    assert {p.name for p in logs.iterdir()} == {r.trial_id for r in added}  # each trial started its own engine
+    # Tune numbers its grid in order: A1, B1, A2, B2.
+    order = [r.engine_key for r in sorted(added, key=lambda r: r.trial_id)]
+    assert order[0] != order[1] and order[:2] == order[2:]
+    # Pooled, every trial is an engine start of its own: the comparison carries the variation between them.
+    pooled = results_frame(all_rows)
+    sampled = [m for m in cell_measurements(pooled, BUCKETS[0]) if m.band == "sampled"]
+    assert [m.rounds_per_start for m in sampled] == [(2, 1, 1), (2, 1, 1)]
+    noise = pooled_noise(pooled)
+    assert noise is not None and noise.start_df == 2 * 2  # two configs, three starts each on the sampled cell

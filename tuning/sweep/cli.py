@@ -103,6 +103,9 @@ def parser() -> argparse.ArgumentParser:
                         "rounds per config can miss a gap of 15-20 %%, so two sweeps may route such a cell "
                         "differently; 8 brought two simulated sweeps of an H200 space within 3 %% on the mix in "
                         "95 %% of pairs, benchmarks/results/repro_power_2026-12-04.md)")
+    w.add_argument("--decide-starts", type=int, metavar="K",
+                   help="split --decide-rounds over K fresh engines per config, started in alternation, so the "
+                        "comparison holds the variation between engine starts (default 1; R must be a multiple of K)")
     w.add_argument("--no-early-stop", action="store_true", help="run every request to completion (no "
                    "steady-state early stop)")
     r = p.add_argument_group("search and budgets")

@@ -10,8 +10,16 @@ measurements are pooled (:func:`tuning.results.cell_measurements` merges them) a
 again from all of it.
 
 What the re-test costs in rigour: testing again at the same level after pooling raises the chance of
-calling two equal configs different (about 6 % instead of 5 % at 95 %, 2 rounds then 2 + 4, simulated),
-and the pooled rounds come from two engine starts, whose difference the pooled noise does not hold.
+calling two equal configs different (about 6 % instead of 5 % at 95 %, 2 rounds then 2 + 4, simulated).
+
+Several engine starts (``decide_starts K``): if an engine start shifts every round it measures by a few
+per cent, the same for all of them, the rounds of one engine scatter around that start's level, not the
+config's, and more rounds only pin that start down: R rounds on one engine per config compare one start
+of each, however large R is (``benchmarks/repro_power.py`` simulates sweeps with such an offset). Split over K fresh engines per config (``R / K`` rounds on each), the comparison holds K
+starts of each config, and so the variation between them. The configs' engines start in alternation
+(A1, B1, A2, B2, ...) so that a drift of the machine over the phase falls on all of them alike. Each
+start is a Tune trial of its own (its own trial id, engine and logs; no result cache), so the rows of one
+config tell its starts apart.
 
 :func:`plan_decision` is pure (results and the chosen table in, what to re-measure out);
 :func:`run_decision` runs it as a second Tune experiment (``<run_dir>/decide``: its trial reports and
@@ -48,23 +56,43 @@ DECIDE_DIR = "decide"
 @dataclass(frozen=True)
 class DecisionPlan:
     """What to measure again: the undecided comparisons, each involved config once (engine key ->
-    trial params), and the buckets cut down to the undecided cells' temperatures and loads."""
+    trial params), and the buckets cut down to the undecided cells' temperatures and loads; ``rounds``
+    per config in all, split evenly over ``starts`` fresh engines per config."""
 
     undecided: tuple[Undecided, ...]
     points: Mapping[str, Mapping[str, Any]]
     buckets: tuple[Bucket, ...]
     rounds: int
+    starts: int = 1
+
+    def __post_init__(self) -> None:
+        _check_starts(self.rounds, self.starts)
+
+    @property
+    def rounds_per_start(self) -> int:
+        return self.rounds // self.starts
 
     def describe(self) -> str:
         cells = ", ".join(f"{u.bucket} {u.band}@{u.in_flight}" for u in self.undecided)
-        return (f"{len(self.undecided)} cell comparison(s) within noise ({cells}): {len(self.points)} config(s) "
-                f"to measure again on a fresh engine each, {self.rounds} rounds per cell")
+        head = f"{len(self.undecided)} cell comparison(s) within noise ({cells}): {len(self.points)} config(s) "
+        if self.starts == 1:
+            return head + f"to measure again on a fresh engine each, {self.rounds} rounds per cell"
+        return head + (f"to measure again on {self.starts} fresh engines each, {self.rounds_per_start} "
+                       f"round{'s' if self.rounds_per_start != 1 else ''} per cell on each")
+
+
+def _check_starts(rounds: int, starts: int) -> None:
+    if not isinstance(starts, int) or isinstance(starts, bool) or starts < 1:
+        raise ValueError(f"starts={starts!r}; allowed: a whole number >= 1")
+    if rounds % starts:
+        raise ValueError(f"rounds={rounds} does not split evenly over starts={starts}: use a multiple of {starts}")
 
 
 def plan_decision(results: Any, buckets: Sequence[Bucket], table: RoutingTable, rounds: int,
-                  constraints: Constraints = Constraints()) -> DecisionPlan | None:
+                  constraints: Constraints = Constraints(), *, starts: int = 1) -> DecisionPlan | None:
     """The re-measurement the undecided cells of ``table`` (chosen from ``results``) ask for, or ``None``
-    when there is none (or ``rounds`` is 0). The sweep passes the table as
+    when there is none (or ``rounds`` is 0); ``rounds`` per config split over ``starts`` fresh engines per
+    config (``rounds`` must be a multiple of ``starts``). The sweep passes the table as
     :func:`tuning.sweep.choose.pick_for` chooses it, before the rules on the traffic mix: a table that kept
     an undecided cell on the slower config predicts less on the mix, the one-config rule can then commit
     one config everywhere, and that table has no cell left to decide, so the comparison that tipped it
@@ -73,6 +101,7 @@ def plan_decision(results: Any, buckets: Sequence[Bucket], table: RoutingTable, 
     compared with: a resume that only commits must not start engines again."""
     if rounds < 0:
         raise ValueError(f"rounds={rounds}; allowed: >= 0")
+    _check_starts(rounds, starts)
     if rounds == 0:
         return None
     ok = results[results["status"] == STATUS_OK]
@@ -107,7 +136,7 @@ def plan_decision(results: Any, buckets: Sequence[Bucket], table: RoutingTable, 
         levels = tuple(sorted({u.in_flight for u in mine}))
         cut.append(dataclasses.replace(b, workload=b.workload_at(levels[0], temps[0]), concurrency_levels=levels,
                                        temperatures=temps))
-    return DecisionPlan(tuple(undecided), points, tuple(cut), rounds)
+    return DecisionPlan(tuple(undecided), points, tuple(cut), rounds, starts)
 
 
 def _params(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -155,7 +184,9 @@ def run_decision(spec: Any, plan: DecisionPlan) -> list[ResultRow]:
     """Measure ``plan`` on the Ray cluster this process is connected to; its rows (role ``decide``) as the
     sweep's (:func:`sweep_rows`). Every config's engine is checked against the key it was measured under
     before: a config the space builds differently is not measured (its rows would not pool with the first
-    ones)."""
+    ones). Each config gets ``plan.starts`` trials of ``plan.rounds_per_start`` rounds, each trial its own
+    engine start, queued in alternation (every config's first start, then every config's second, ...); the
+    point's ``start`` (1..K) tells the trials apart in Tune's names and is no engine parameter."""
     import ray
     from ray import tune
 
@@ -180,12 +211,15 @@ def run_decision(spec: Any, plan: DecisionPlan) -> list[ResultRow]:
             logger.warning("decide: %s is built as %s from its params; not measured again", key, built)
     if not points:
         return []
+    # A1, B1, A2, B2, ...: Tune queues grid entries in order. No cache actor below (a ResultCache would hand
+    # a repeated engine key the first start's rows): every entry is a trial with an engine start of its own.
+    points = [{**point, "start": i + 1} for i in range(plan.starts) for point in points]
     namespace = ray.get_runtime_context().namespace
     lease_name = f"{spec.measure_lease_name()}-decide-{uuid.uuid4().hex[:6]}" if spec.share_gpu else None
     lease = (ray.remote(GpuLease).options(name=lease_name, namespace=namespace, num_cpus=0).remote()
              if lease_name else None)
     context = TrialContext(sweep_id=spec.sweep_id, run_dir=str(run_dir), space=spec.space, buckets=plan.buckets,
-                           plan=dataclasses.replace(spec.measure_plan(), repeats=plan.rounds),
+                           plan=dataclasses.replace(spec.measure_plan(), repeats=plan.rounds_per_start),
                            cache_namespace=namespace, measure_lease_actor=lease_name)
 
     def trial(config: dict[str, Any], context: TrialContext) -> None:

@@ -143,7 +143,8 @@ def _decide(spec: SweepSpec, rows: list[ResultRow], df: Any) -> tuple[list[Resul
     except RoutingTableError:
         return rows, df, None
     try:
-        plan = plan_decision(df, spec.buckets, first, spec.decide_rounds, spec.constraints)
+        plan = plan_decision(df, spec.buckets, first, spec.decide_rounds, spec.constraints,
+                             starts=spec.decide_starts)
         if plan is None:
             return rows, df, None
         if time_budget_spent(read_budget(Path(spec.run_dir) / BUDGET_FILE)):

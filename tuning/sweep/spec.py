@@ -105,6 +105,10 @@ class SweepSpec:
     decide_rounds: int = 0
     """Rounds each config of a cell comparison left within noise gets on a fresh engine before the table
     is committed (:mod:`tuning.sweep.decide`); 0: none."""
+    decide_starts: int = 1
+    """Fresh engines per config the ``decide_rounds`` are split over (``decide_rounds / decide_starts``
+    rounds on each, the starts of the configs in alternation), so the comparison holds the variation
+    between engine starts."""
 
     def __post_init__(self) -> None:
         if self.share_gpu and self.space.tp != 1:
@@ -118,6 +122,12 @@ class SweepSpec:
             raise ConfigError(f"repeats={self.repeats!r} must be a whole number >= 1")
         if not isinstance(self.decide_rounds, int) or self.decide_rounds < 0:
             raise ConfigError(f"decide_rounds={self.decide_rounds!r} must be a whole number >= 0")
+        if not isinstance(self.decide_starts, int) or isinstance(self.decide_starts, bool) or self.decide_starts < 1:
+            raise ConfigError(f"--decide-starts {self.decide_starts!r}: must be a whole number >= 1")
+        if self.decide_rounds and self.decide_rounds % self.decide_starts:
+            k = self.decide_starts
+            raise ConfigError(f"--decide-rounds {self.decide_rounds} does not split evenly over --decide-starts {k}: "
+                              f"use a multiple of {k} (e.g. --decide-rounds {max(k, self.decide_rounds // k * k)})")
         if not 0 <= self.burn_in_s < math.inf:
             raise ConfigError(f"burn_in_s={self.burn_in_s!r} must be a finite number of seconds >= 0")
         if self.objective not in ("scalar", "multi"):
@@ -147,6 +157,7 @@ class SweepSpec:
             "tokenizer": self.tokenizer, "n_startup_trials": self.n_startup_trials,
             "share_gpu": self.share_gpu, "serve_gpus": self.serve_gpus, "repeats": self.repeats,
             "burn_in": self.burn_in, "burn_in_s": self.burn_in_s, "decide_rounds": self.decide_rounds,
+            "decide_starts": self.decide_starts,
         }
 
     @classmethod
@@ -311,6 +322,7 @@ def build_spec(args: argparse.Namespace, defaults: Mapping[str, Any] | None = No
         burn_in=not simulated and not args.no_burn_in,
         burn_in_s=0.0 if simulated or args.no_burn_in else (GPU_BURN_IN_S if args.burn_in_s is None else args.burn_in_s),
         decide_rounds=int(getattr(args, "decide_rounds", None) or 0),
+        decide_starts=1 if (starts := getattr(args, "decide_starts", None)) is None else starts,
     )
 
 
