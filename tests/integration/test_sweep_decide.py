@@ -58,7 +58,7 @@ def _first_rows(space: SearchSpace) -> tuple[list[ResultRow], dict[str, EngineCo
 
 
 def test_an_undecided_cell_is_measured_again_and_pooled(tmp_path):
-    from tuning.sweep.runner import _decide
+    from tuning.sweep.decide import decide_phase as _decide
 
     spec = _spec(tmp_path, decide_rounds=2)
     space = spec.space
@@ -94,7 +94,7 @@ def test_decide_rounds_split_over_fresh_engine_starts(tmp_path):
     """``--decide-rounds 2 --decide-starts 2``: each config gets two trials of one round each, every trial
     its own engine start, the configs' starts queued in alternation."""
     from tuning.results import repeat_throughputs
-    from tuning.sweep.runner import _decide
+    from tuning.sweep.decide import decide_phase as _decide
 
     spec = _spec(tmp_path, decide_rounds=2, decide_starts=2)
     rows, configs = _first_rows(spec.space)

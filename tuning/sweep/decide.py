@@ -12,14 +12,20 @@ again from all of it.
 What the re-test costs in rigour: testing again at the same level after pooling raises the chance of
 calling two equal configs different (about 6 % instead of 5 % at 95 %, 2 rounds then 2 + 4, simulated).
 
-Several engine starts (``decide_starts K``): if an engine start shifts every round it measures by a few
-per cent, the same for all of them, the rounds of one engine scatter around that start's level, not the
-config's, and more rounds only pin that start down: R rounds on one engine per config compare one start
-of each, however large R is (``benchmarks/repro_power.py`` simulates sweeps with such an offset). Split over K fresh engines per config (``R / K`` rounds on each), the comparison holds K
-starts of each config, and so the variation between them. The configs' engines start in alternation
-(A1, B1, A2, B2, ...) so that a drift of the machine over the phase falls on all of them alike. Each
-start is a Tune trial of its own (its own trial id, engine and logs; no result cache), so the rows of one
-config tell its starts apart.
+Several engine starts (``decide_starts K``): an engine start can shift every round it measures by a few
+per cent, the same for all of them; the rounds of one engine then scatter around that start's level, not
+the config's, and more rounds only pin that start down. Split over K fresh engines per config (``R / K``
+rounds on each), a comparison holds K + 1 starts of each config. The pooled noise estimates the variation
+between starts from every config measured by several (:class:`tuning.stats.PooledNoise` ``start_sd``;
+already two with K = 1: the first trial's and the decide engine's) and every comparison carries it, so a
+difference one lucky start made is not called real. The configs' engines start in alternation (A1, B1,
+A2, B2, ...) so that a drift of the machine over the phase falls on all of them alike. Each start is a
+Tune trial of its own (its own trial id, engine and logs; no result cache), so the rows of one config tell
+its starts apart.
+
+Passes (:func:`decide_phase`): once the starts are told apart, a comparison the first rounds showed on one
+start per config can fall within noise. The phase plans again after each pass and measures those too, up
+to :data:`MAX_DECIDE_PASSES` passes, each only comparisons no pass has measured.
 
 :func:`plan_decision` is pure (results and the chosen table in, what to re-measure out);
 :func:`run_decision` runs it as a second Tune experiment (``<run_dir>/decide``: its trial reports and
@@ -30,27 +36,31 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shutil
+import sys
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from orchestrator import table as routing
-from orchestrator.table import RoutingTable
+from orchestrator.table import RoutingTable, RoutingTableError
 from tuning.buckets import Bucket
 from tuning.cells import Undecided
 from tuning.results import STATUS_OK, Constraints, config_of_row, undecided_cells
 from tuning.sweep.budget import BUDGET_FILE
 from tuning.sweep.records import ResultRow
 
-__all__ = ["DECIDE_DIR", "ROLE_DECIDE", "DecisionPlan", "earlier_rows", "plan_decision", "run_decision",
-           "sweep_rows"]
+__all__ = ["DECIDE_DIR", "MAX_DECIDE_PASSES", "ROLE_DECIDE", "DecisionPlan", "decide_phase", "earlier_rows",
+           "plan_decision", "run_decision", "sweep_rows"]
 
 logger = logging.getLogger(__name__)
 
 ROLE_DECIDE = "decide"
 DECIDE_DIR = "decide"
+MAX_DECIDE_PASSES = 3
+"""Passes of the decide phase at most: a pass can leave a comparison within noise that the first rounds
+had shown (below), and each later pass measures only comparisons no pass has measured yet."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +96,54 @@ def _check_starts(rounds: int, starts: int) -> None:
         raise ValueError(f"starts={starts!r}; allowed: a whole number >= 1")
     if rounds % starts:
         raise ValueError(f"rounds={rounds} does not split evenly over starts={starts}: use a multiple of {starts}")
+
+
+def decide_phase(spec: Any, rows: list[ResultRow], results: Any,
+                 measure: Callable[[Any, DecisionPlan], list[ResultRow]] | None = None,
+                 ) -> tuple[list[ResultRow], Any, str | None]:
+    """With ``spec.decide_rounds``: the cell comparisons the results leave within noise, and not measured
+    again yet, measured again (``measure``, by default :func:`run_decision` on the Ray cluster), their rows
+    added, and the results frame and note that say so (``None``: nothing to decide, or the results do not
+    make a table yet). Planned again after each pass, up to :data:`MAX_DECIDE_PASSES`: the rounds of a pass
+    on fresh engines can show the engine starts apart (:class:`tuning.stats.PooledNoise` ``start_sd``), and
+    a comparison the first rounds showed on one start per config can then fall within noise; it is measured
+    in the next pass, as the first pass's were. No engine starts after the time budget. A pass that fails
+    leaves the results as they were, with a note saying why: the sweep's own measurements and table never
+    depend on it."""
+    from tuning.results import results_frame
+    from tuning.sweep.budget import BUDGET_FILE, read_budget, time_budget_spent
+    from tuning.sweep.choose import pick_for
+    from tuning.sweep.provenance import provenance_for
+
+    measure = measure or run_decision
+    notes: list[str] = []
+    for _ in range(MAX_DECIDE_PASSES):
+        try:
+            first = pick_for(results, spec, provenance_for(spec, results))  # before the mix rules: see plan_decision
+        except RoutingTableError:
+            break
+        try:
+            plan = plan_decision(results, spec.buckets, first, spec.decide_rounds, spec.constraints,
+                                 starts=spec.decide_starts)
+            if plan is None:
+                break
+            if time_budget_spent(read_budget(Path(spec.run_dir) / BUDGET_FILE)):
+                notes.append(f"decide: {plan.describe()} wanted, not run: the time budget was spent")
+                break
+            print(f"decide: {plan.describe()} ...", file=sys.stderr, flush=True)  # engine starts: minutes on GPUs
+            added = measure(spec, plan)
+        except Exception as e:  # noqa: BLE001 - Ray, Tune and config errors alike: the tables so far still stand
+            logger.exception("decide phase failed")
+            notes.append(f"decide: failed ({type(e).__name__}: {str(e)[:300]}); the table is chosen from the rounds "
+                         "measured before")
+            break
+        measured = sorted({r.engine_label or r.engine_key or "?" for r in added})
+        notes.append(f"decide: {plan.describe()}; measured again: {', '.join(measured) or 'none'} ({len(added)} rows)")
+        if not added:  # planning again would plan the same
+            break
+        rows = [*rows, *added]
+        results = results_frame(rows)
+    return rows, results, "; then ".join(notes) or None
 
 
 def plan_decision(results: Any, buckets: Sequence[Bucket], table: RoutingTable, rounds: int,

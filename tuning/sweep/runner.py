@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import time
 import uuid
 from collections.abc import Sequence
@@ -34,7 +33,7 @@ from orchestrator.table import RoutingTable, RoutingTableError
 from tuning.results import failed_rows, results_frame, write_results
 from tuning.sweep.actors import GpuLease, ResultCache
 from tuning.sweep.budget import TimeBudgetSpent, write_budget
-from tuning.sweep.choose import choose_table, commit_table, pick_for, table_targets
+from tuning.sweep.choose import choose_table, commit_table, table_targets
 from tuning.sweep.progress import SweepProgress, make_callback
 from tuning.sweep.provenance import provenance_for
 from tuning.sweep.records import ResultRow, TrialReport, reported_trial_ids
@@ -127,37 +126,6 @@ def _cache_seed(rows: Sequence[ResultRow]) -> dict[str, list[ResultRow]]:
         if r.engine_key and not r.cached and not str(r.failure_reason).startswith((TRIAL_ERRORED, REPORTED_NOTHING)):
             by_key.setdefault(r.engine_key, []).append(r)
     return by_key
-
-
-def _decide(spec: SweepSpec, rows: list[ResultRow], df: Any) -> tuple[list[ResultRow], Any, str | None]:
-    """With ``spec.decide_rounds``: the cell comparisons the results leave within noise, and not measured
-    again yet, measured again (:mod:`tuning.sweep.decide`), their rows added; and the note saying so
-    (``None``: nothing to decide, or the results do not make a table yet). Not after the time budget (no
-    engine starts then). A decide phase that fails leaves the results as they were, with a note saying why:
-    the sweep's own measurements and table never depend on it."""
-    from tuning.sweep.budget import BUDGET_FILE, read_budget, time_budget_spent
-    from tuning.sweep.decide import plan_decision, run_decision
-
-    try:
-        first = pick_for(df, spec, provenance_for(spec, df))  # before the mix rules: see plan_decision
-    except RoutingTableError:
-        return rows, df, None
-    try:
-        plan = plan_decision(df, spec.buckets, first, spec.decide_rounds, spec.constraints,
-                             starts=spec.decide_starts)
-        if plan is None:
-            return rows, df, None
-        if time_budget_spent(read_budget(Path(spec.run_dir) / BUDGET_FILE)):
-            return rows, df, f"decide: {plan.describe()} wanted, not run: the time budget was spent"
-        print(f"decide: {plan.describe()} ...", file=sys.stderr, flush=True)  # engine starts: minutes on GPUs
-        added = run_decision(spec, plan)
-    except Exception as e:  # noqa: BLE001 - Ray, Tune and config errors alike: the first table still stands
-        logger.exception("decide phase failed")
-        return rows, df, f"decide: failed ({type(e).__name__}: {str(e)[:300]}); the table is chosen from the first rounds"
-    measured = sorted({r.engine_label or r.engine_key or "?" for r in added})
-    rows = [*rows, *added]
-    return rows, results_frame(rows), (f"decide: {plan.describe()}; measured again: {', '.join(measured) or 'none'} "
-                                       f"({len(added)} rows)")
 
 
 def run_sweep(
@@ -256,7 +224,9 @@ def run_sweep(
     paths = write_results(df, run_dir)  # before any decide phase: the measurements are kept whatever it does
     decided = None
     if spec.decide_rounds:
-        rows, df, decided = _decide(spec, rows, df)
+        from tuning.sweep.decide import decide_phase
+
+        rows, df, decided = decide_phase(spec, rows, df)
         paths = write_results(df, run_dir)
     table = table_path = None
     error = None
