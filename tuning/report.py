@@ -635,9 +635,10 @@ def render_html(run: SweepRun, images: dict[str, str]) -> str:
         "output_throughput": "num", "accept_length": "acc", "tpot_ms_median": "acc",
         "gain_vs_mtp_off": "pct", "gain_vs_static": "pct"}))
     if run.table is not None and run.table.provenance.notes:
-        parts.append("<h2>Within noise</h2><p>Where a bucket's best measured config was not shown better than "
-                     "one that serves other buckets (their intervals over the rounds overlap), the shared one "
-                     "serves it:</p>")
+        parts.append("<h2>Within noise</h2><p>Where a bucket's or a cell's best measured config was not shown "
+                     "better than the one that would serve it otherwise (the 95 % interval of their throughput "
+                     "ratio, at the noise of a round and of an engine start pooled over the sweep, holds 1), that "
+                     "one serves it:</p>")
         parts.extend(f"<p class='note'>{html.escape(n)}</p>" for n in run.table.provenance.notes)
     budget = run.table.provenance.gpu_budget if run.table is not None else None
     if budget is not None:

@@ -57,7 +57,7 @@ __all__ = [
     "pick_best",
     "primary_rows",
     "measured_at_primary",
-    "measured_by",
+    "is_cached_copy",
     "repeat_throughputs",
     "results_frame",
     "rows_for_trial",
@@ -159,15 +159,11 @@ def repeat_throughputs(row: Mapping[str, Any]) -> list[float]:
     return [float(row["output_throughput"])]
 
 
-def measured_by(row: Mapping[str, Any]) -> str:
-    """The trial whose engine start measured ``row``: its own, or for a cached copy (a duplicate config
-    handed another trial's rows) the trial it was copied from. Rows of one trial and config share one engine
-    start; a copy is the same measurement, not a second one."""
-    if row.get("cached") is True or str(row.get("cached")).lower() == "true":
-        source = row.get("cached_from_trial")
-        if not _isnull(source) and source:
-            return str(source)
-    return str(row.get("trial_id"))
+def is_cached_copy(row: Mapping[str, Any]) -> bool:
+    """Whether ``row`` is a cached copy: a duplicate config handed the rows another trial measured. The
+    results hold that trial's own rows too, so a copy adds no measurement (nor another engine start)."""
+    cached = row.get("cached")
+    return cached is True or str(cached).strip().lower() in ("true", "1", "1.0")
 
 
 def figure_columns(bench: Mapping[str, Any]) -> dict[str, Any]:
@@ -462,14 +458,21 @@ def within_noise(a: Mapping[str, Any], b: Mapping[str, Any], noise: PooledNoise 
 def pooled_noise(rows: pd.DataFrame) -> PooledNoise | None:
     """The noise of one round, and of one engine start where a config was measured on a cell by several,
     pooled over every successful row measured in rounds (``None``: none was). A row's rounds are one
-    start's (:func:`measured_by`); a cached copy of a row adds nothing."""
+    start's (its trial's engine); a cached copy adds nothing (:func:`is_cached_copy`). The start contrasts
+    are counted per config (k starts: k - 1, however many cells they measured), since a start may shift
+    all its cells alike."""
     ok = rows[(rows["status"] == STATUS_OK) & rows["output_throughput"].notna()] if not rows.empty else rows
     measurements: dict[tuple[Any, ...], dict[str, list[float]]] = {}
+    starts: dict[Any, set[str]] = {}
     for r in ok.to_dict("records"):
+        if is_cached_copy(r):
+            continue
         t = r.get("temperature")
         cell = (r.get("engine_key"), r.get("bucket"), r.get("concurrency"), None if _isnull(t) else float(t))
-        measurements.setdefault(cell, {}).setdefault(measured_by(r), repeat_throughputs(r))
-    return PooledNoise.of_starts(list(starts.values()) for starts in measurements.values())
+        measurements.setdefault(cell, {}).setdefault(str(r.get("trial_id")), repeat_throughputs(r))
+        starts.setdefault(r.get("engine_key"), set()).add(str(r.get("trial_id")))
+    return PooledNoise.of_starts([list(m.values()) for m in measurements.values()],
+                                 contrasts=sum(len(s) - 1 for s in starts.values()))
 
 
 def consolidate(ranked: Sequence[Sequence[dict[str, Any]]], noise: PooledNoise | None = None) -> list[dict[str, Any]]:
@@ -668,11 +671,10 @@ def cell_measurements(rows: pd.DataFrame, b: Bucket) -> list[Any]:
     """Bucket ``b``'s successful rows as :class:`tuning.cells.CellMeasurement` s: one per config x
     sampling band x concurrency, every repeat's throughput a sample and every measuring trial an engine
     start (rows from before the temperature column stand for the bucket's primary temperature; a cached
-    copy of a row, :func:`measured_by`, is not counted again)."""
+    copy of a row, :func:`is_cached_copy`, is not counted again)."""
     from tuning.cells import CellMeasurement
 
     samples: dict[tuple[str, str, int], dict[str, list[float]]] = {}
-    seen: set[tuple[str, str, int, float, str]] = set()
     configs: dict[str, dict[str, Any]] = {}
     accept: dict[tuple[str, str, int], float] = {}
     rows = rows[(rows["bucket"] == b.name) & (rows["status"] == STATUS_OK) & rows["output_throughput"].notna()]
@@ -682,12 +684,10 @@ def cell_measurements(rows: pd.DataFrame, b: Bucket) -> list[Any]:
         band = routing.band_of(t)
         if band is None:
             continue
-        k = (str(row["engine_key"]), band.name, int(row["concurrency"]))
-        source = measured_by(row)
-        if (*k, t, source) in seen:
+        if is_cached_copy(row):
             continue
-        seen.add((*k, t, source))
-        samples.setdefault(k, {}).setdefault(source, []).extend(repeat_throughputs(row))
+        k = (str(row["engine_key"]), band.name, int(row["concurrency"]))
+        samples.setdefault(k, {}).setdefault(str(row["trial_id"]), []).extend(repeat_throughputs(row))
         configs[k[0]] = config_of_row(row)
         if not _isnull(row.get("accept_length")):
             accept[k] = float(row["accept_length"])

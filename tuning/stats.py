@@ -84,7 +84,8 @@ class PooledNoise:
     """How much one round's throughput moves, pooled over every config x cell a sweep measured in rounds:
     the standard deviation of log throughput about each engine start's own mean, with its degrees of
     freedom (rounds minus one, summed); and, where some config was measured on one cell by more than one
-    engine start, how much a start shifts all of its rounds (``start_sd``, ``start_df``).
+    engine start, how much a start shifts its rounds there (``start_sd``, with ``start_df`` degrees of
+    freedom and ``start_rounds`` rounds a start, the pooled n0 of the layout).
 
     Why pooled: two or three rounds per measurement leave each one's own spread nearly unknown (two
     rounds give one degree of freedom, and a 95 % t-interval 12.7 standard errors wide), so comparing
@@ -104,12 +105,15 @@ class PooledNoise:
 
     What it assumes: one spread for every cell (short outputs and one-wave cells move more than long
     ones, so pooling understates their noise and overstates the others'), and start offsets independent
-    of the config."""
+    of the config. Whether one start shifts all its cells alike or each by its own amount, the estimate
+    holds; its degrees of freedom are what the two differ in, and the caller says how many independent
+    start contrasts there are (:meth:`of_starts`)."""
 
     sd: float
     df: int
     start_sd: float = 0.0
     start_df: int = 0
+    start_rounds: float = 1.0
 
     @classmethod
     def of(cls, groups: Iterable[Sequence[float]]) -> PooledNoise | None:
@@ -118,12 +122,16 @@ class PooledNoise:
         return cls.of_starts([g] for g in groups)
 
     @classmethod
-    def of_starts(cls, measurements: Iterable[Sequence[Sequence[float]]]) -> PooledNoise | None:
+    def of_starts(cls, measurements: Iterable[Sequence[Sequence[float]]], *,
+                  contrasts: int | None = None) -> PooledNoise | None:
         """From each measurement (one config on one cell) as its engine starts' rounds (throughputs > 0);
         ``None`` when no start has two rounds. The spread between starts, from the measurements with two
         starts or more: the starts' mean logs about the measurement's, weighted by their rounds (the
-        between-start sum of squares), less what the rounds' own spread puts there, over
-        ``n0 = (N - sum n_j^2 / N) / (k - 1)`` rounds a start (the unbalanced one-way layout's), clipped at 0."""
+        between-start sum of squares, ``k - 1`` degrees of freedom for ``k`` starts), less what the rounds'
+        own spread puts there, over ``n0 = (N - sum n_j^2 / N) / (k - 1)`` rounds a start (the unbalanced
+        one-way layout's), clipped at 0. ``contrasts``: the independent start contrasts behind them when
+        fewer than those degrees of freedom (one start measures several cells: if it shifts them all alike,
+        a config's k starts give k - 1 however many cells they measured); it caps ``start_df``."""
         ss_w, df_w = 0.0, 0
         between: list[tuple[float, int, float]] = []  # (sum of squares, df, n0) per measurement with >= 2 starts
         for starts in measurements:
@@ -144,33 +152,45 @@ class PooledNoise:
         if not df_w:
             return None
         sd2 = ss_w / df_w
-        start_df = sum(df for _, df, _ in between)
-        start_sd2 = (max(0.0, (sum(ss for ss, _, _ in between) - sd2 * start_df) / sum(df * n0 for _, df, n0 in between))
-                     if start_df else 0.0)
-        return cls(sd=math.sqrt(sd2), df=df_w, start_sd=math.sqrt(start_sd2), start_df=start_df)
+        df_b = sum(df for _, df, _ in between)
+        if not df_b:
+            return cls(sd=math.sqrt(sd2), df=df_w)
+        n0 = sum(df * n0 for _, df, n0 in between) / df_b
+        excess = sum(ss for ss, _, _ in between) / df_b - sd2  # the between-start mean square less the rounds' part
+        start_df = df_b if contrasts is None else max(1, min(df_b, contrasts))
+        return cls(sd=math.sqrt(sd2), df=df_w, start_sd=math.sqrt(max(0.0, excess / n0)), start_df=start_df,
+                   start_rounds=n0)
 
     def ratio_interval(self, a: Sequence[float], b: Sequence[float], level: float = 0.95, *,
                        starts: tuple[float, float] = (1.0, 1.0)) -> tuple[float, float, float]:
         """``(ratio, low, high)``: the geometric mean of ``a`` over that of ``b`` and its ``level`` interval.
         ``starts``: the engine starts behind each sample, as :func:`effective_starts` counts them; each
-        adds ``start_sd^2 / starts`` to the variance of its mean log (degrees of freedom by
-        Satterthwaite's approximation when both parts are known)."""
+        adds ``start_sd^2 / starts`` to the variance of its mean log (degrees of freedom: :meth:`_df`)."""
         if not a or not b or min(*a, *b) <= 0:
             raise ValueError("both samples need at least one throughput, all > 0")
         if min(starts) < 1.0:
             raise ValueError(f"starts={starts}; allowed: >= 1 each")
         d = statistics.fmean(math.log(x) for x in a) - statistics.fmean(math.log(x) for x in b)
-        var_rounds = self.sd ** 2 * (1 / len(a) + 1 / len(b))
-        var_starts = self.start_sd ** 2 * (1 / starts[0] + 1 / starts[1])
-        half = t_quantile(0.5 + level / 2, self._df(var_rounds, var_starts)) * math.sqrt(var_rounds + var_starts)
+        rounds_part = 1 / len(a) + 1 / len(b)
+        starts_part = 1 / starts[0] + 1 / starts[1]
+        var = self.sd ** 2 * rounds_part + self.start_sd ** 2 * starts_part
+        half = t_quantile(0.5 + level / 2, self._df(rounds_part, starts_part)) * math.sqrt(var)
         return math.exp(d), math.exp(d - half), math.exp(d + half)
 
-    def _df(self, var_rounds: float, var_starts: float) -> int:
-        """Degrees of freedom of a variance ``var_rounds + var_starts`` (Satterthwaite), at least 1."""
-        if var_starts <= 0.0 or not self.start_df:
+    def _df(self, rounds_part: float, starts_part: float) -> int:
+        """Degrees of freedom of ``sd^2 rounds_part + start_sd^2 starts_part`` as estimated, at least 1:
+        Satterthwaite's on the two mean squares it is made of, ``MS_W = sd^2`` and ``MS_B = sd^2 + n0
+        start_sd^2``: the variance is ``(rounds_part - starts_part / n0) MS_W + (starts_part / n0) MS_B``.
+        With equal rounds on every start the first coefficient is about 0 and the between-start mean square,
+        with its few degrees of freedom, carries the comparison, as it should. Where the start variation
+        was estimated at 0 (clipped) or not at all, the rounds' own."""
+        if self.start_sd <= 0.0 or not self.start_df:
             return self.df
-        return max(1, math.floor((var_rounds + var_starts) ** 2
-                                 / (var_rounds ** 2 / self.df + var_starts ** 2 / self.start_df)))
+        ms_w, ms_b = self.sd ** 2, self.sd ** 2 + self.start_rounds * self.start_sd ** 2
+        c_b = starts_part / self.start_rounds
+        c_w = rounds_part - c_b
+        var = c_w * ms_w + c_b * ms_b
+        return max(1, math.floor(var ** 2 / ((c_w * ms_w) ** 2 / self.df + (c_b * ms_b) ** 2 / self.start_df)))
 
     def different(self, a: Sequence[float], b: Sequence[float], level: float = 0.95, *,
                   starts: tuple[float, float] = (1.0, 1.0)) -> bool:
@@ -207,31 +227,31 @@ class PooledNoise:
         gap = abs(math.log(ratio))
         if gap == 0.0:
             return None
-        var_starts = 2 * self.start_sd ** 2 / starts
+        starts_part = 2 / starts
 
         def separates(n: int) -> bool:
-            var_rounds = 2 * self.sd ** 2 / n
-            df = self._df(var_rounds, var_starts)
+            df = self._df(2 / n, starts_part)
             k = t_quantile(0.5 + level / 2, df) + t_quantile(power, df)
-            return gap >= k * math.sqrt(var_rounds + var_starts)
+            return gap >= k * math.sqrt(self.sd ** 2 * 2 / n + self.start_sd ** 2 * starts_part)
 
-        if not separates(max_rounds):
-            return None
-        lo, hi = 1, max_rounds  # separates(hi): bisect for the fewest n (monotone in n without start variation;
-        # with it the degrees of freedom move a little with n)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if separates(mid):
-                hi = mid
-            else:
-                lo = mid
-        return max(2, hi)
+        if not self.start_sd:  # monotone in n: bisect
+            if not separates(max_rounds):
+                return None
+            lo, hi = 1, max_rounds
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (lo, mid) if separates(mid) else (mid, hi)
+            return max(2, hi)
+        # with start variation the degrees of freedom move with n, and not always one way: the first n that does
+        return next((n for n in range(2, max_rounds + 1) if separates(n)), None)
 
     def describe(self) -> str:
         said = f"one round's throughput moves {math.expm1(self.sd):.1%} (log sd {self.sd:.3f}, {self.df} df, pooled)"
-        if self.start_df:
+        if self.start_df and self.start_sd > 0:
             said += (f"; an engine start shifts its rounds by {math.expm1(self.start_sd):.1%} (log sd "
                      f"{self.start_sd:.3f}, {self.start_df} df)")
+        elif self.start_df:
+            said += f"; engine starts apart by no more than their rounds' own spread ({self.start_df} df)"
         return said
 
 

@@ -117,3 +117,29 @@ def test_a_failing_pass_leaves_the_rows_as_they_were(tmp_path):
 
     all_rows, _, note = decide_phase(spec, rows, results_frame(rows), broken)
     assert all_rows == rows and note is not None and "failed (RuntimeError: no GPU left)" in note
+
+
+def test_a_cell_whose_engine_fails_is_not_planned_again(tmp_path):
+    """Only one config of the comparison comes back (the other's engine failed): the cell is not measured
+    again, so its measured_again rule does not hold; still, no later pass starts engines for it again."""
+    spec = _spec(tmp_path)
+    rows = _rows(spec, FIRST)
+    engines = Engines(spec, [{ROLE_STATIC: {("le1024", 0.8): [1005, 1025]}}] * MAX_DECIDE_PASSES)
+    all_rows, _, note = decide_phase(spec, rows, results_frame(rows), engines)
+    assert len(engines.plans) == 1 and len(all_rows) == len(rows) + 1
+    assert note is not None and "; then" not in note
+
+
+def test_the_last_pass_says_what_it_left(tmp_path, monkeypatch):
+    """At the cap, comparisons still within noise are named in the note, not measured."""
+    import tuning.sweep.decide as decide
+
+    monkeypatch.setattr(decide, "MAX_DECIDE_PASSES", 1)
+    spec = _spec(tmp_path)
+    rows = _rows(spec, FIRST)
+    engines = Engines(spec, [
+        {ROLE_MTP_OFF: {("le1024", 0.8): [800, 805]}, ROLE_STATIC: {("le1024", 0.8): [1250, 1260]}}])
+    _, _, note = decide_phase(spec, rows, results_frame(rows), engines)
+    assert len(engines.plans) == 1
+    assert note is not None and "; then decide: stopped after 1 pass(es); still 1 cell comparison(s) within noise (le256 " in note
+    assert note.endswith(", not measured")

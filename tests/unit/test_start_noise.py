@@ -7,13 +7,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from orchestrator.config import Backend, EngineConfig
 from tests.bench_results import bench_result
 from tuning.buckets import make_buckets
 from tuning.cells import CellMeasurement, choose_cells
-from tuning.results import cell_measurements, measured_by, pooled_noise, results_frame, rows_for_trial
+from tuning.results import cell_measurements, is_cached_copy, pooled_noise, results_frame, rows_for_trial
 from tuning.stats import PooledNoise, effective_starts
 
 
@@ -89,16 +90,17 @@ def test_effective_starts_weighs_each_start_by_its_rounds():
 
 
 def test_more_rounds_on_one_start_cannot_separate_a_gap_within_the_start_variation():
-    noise = PooledNoise(sd=0.10, df=40, start_sd=0.05, start_df=20)
+    noise = PooledNoise(sd=0.10, df=40, start_sd=0.05, start_df=20, start_rounds=4)
     assert noise.rounds_to_separate(0.9) is None  # 2 x 0.05^2 per start pair alone hides a 0.9x gap at 80 %
-    n = noise.rounds_to_separate(0.9, starts=4)
+    assert noise.rounds_to_separate(0.9, starts=4) is None  # the starts' 5 % still too much at 4 a config
+    n = noise.rounds_to_separate(0.9, starts=16)
     assert n is not None and n >= 2
     assert PooledNoise(sd=0.10, df=40).rounds_to_separate(0.9) < n  # start variation costs rounds too
     with pytest.raises(ValueError, match="starts"):
         noise.rounds_to_separate(0.9, starts=0.0)
 
 
-def test_rounds_by_start_and_cached_copies():
+def test_rounds_by_start_and_cached_copies(tmp_path):
     """Rows of two trials of one config are two starts; a cached copy of a trial's rows is the same
     measurement, neither a second start nor more rounds."""
     b = make_buckets((1024,), input_len=256, concurrency_levels=(64,), num_prompts=64, temperatures=(0.0,))[0]
@@ -111,7 +113,9 @@ def test_rounds_by_start_and_cached_copies():
 
     first, again = rows("t1", [1000.0, 1100.0]), rows("t2", [900.0, 950.0, 920.0])
     copy = [{**r, "trial_id": "t3", "cached": True, "cached_from_trial": "t1"} for r in first]
-    assert measured_by(copy[0]) == "t1" and measured_by(first[0]) == "t1"
+    assert is_cached_copy(copy[0]) and not is_cached_copy(first[0])
+    assert is_cached_copy({"cached": "True"}) and not is_cached_copy({"cached": "False"})  # as a CSV reads back
+    assert not is_cached_copy({"cached": float("nan")}) and not is_cached_copy({})
     df = results_frame([*first, *again, *copy])
     (m,) = cell_measurements(df, b)
     assert sorted(m.throughputs) == [900.0, 920.0, 950.0, 1000.0, 1100.0]
@@ -119,6 +123,10 @@ def test_rounds_by_start_and_cached_copies():
     noise = pooled_noise(df)
     assert noise is not None and noise.df == 1 + 2 and noise.start_df == 1
     assert noise == PooledNoise.of_starts([[[1000.0, 1100.0], [900.0, 950.0, 920.0]]])
+    # read back from results.csv, as resumed sweeps and the benchmarks read it: the same noise
+    path = tmp_path / "results.csv"
+    df.to_csv(path, index=False)
+    assert pooled_noise(pd.read_csv(path)) == noise
 
 
 def test_a_cell_shown_on_one_start_each_is_not_shown_once_starts_vary():
@@ -142,3 +150,54 @@ def test_a_cell_shown_on_one_start_each_is_not_shown_once_starts_vary():
     starts_vary = choose(PooledNoise(sd=0.01, df=12, start_sd=0.08, start_df=4))
     assert starts_vary.cells == () and [u.other_key for u in starts_vary.undecided] == [key_off]
     assert any("rounds over several starts would" in n for n in starts_vary.notes)
+
+
+def test_start_contrasts_are_counted_per_config_when_the_caller_says_so():
+    """Two configs, each started twice, measured on four cells: eight per-cell start differences, but if
+    a start shifts all its cells alike only two independent ones."""
+    rng = np.random.default_rng(3)
+    measurements = [m for _ in range(2) for m in _draw(rng, sd=0.1, start_sd=0.05, measurements=4, starts=2, rounds=2)]
+    assert PooledNoise.of_starts(measurements).start_df == 8
+    capped = PooledNoise.of_starts(measurements, contrasts=2)
+    assert capped.start_df == 2 and capped.start_sd == PooledNoise.of_starts(measurements).start_sd
+
+
+def test_equal_configs_are_called_different_about_as_often_as_the_level_says():
+    """A sweep's layout (two configs, four cells, three engine starts of three rounds each, a start
+    shifting all of its cells alike), both configs equal, 5 % start variation: the 95 % comparison on one
+    cell calls them different in at most about 5 % of sweeps (fewer: the degrees of freedom counted per
+    config and Satterthwaite's approximation err on the safe side; ~2 % here, as at no start variation).
+    With the start variation left out it calls them different in ~13 %: the reason it is carried."""
+    rng = np.random.default_rng(0)
+    sweeps, shown, shown_ignoring = 1500, 0, 0
+    for _ in range(sweeps):
+        per_config = []
+        for _config in range(2):
+            shifts = rng.normal(0, 0.05, 3)  # one per engine start, all its cells alike
+            per_config.append([[[math.exp(7 + s + e) for e in rng.normal(0, 0.1, 3)] for s in shifts]
+                               for _cell in range(4)])
+        noise = PooledNoise.of_starts([m for c in per_config for m in c], contrasts=2 * 2)
+        a = [x for start in per_config[0][0] for x in start]
+        b = [x for start in per_config[1][0] for x in start]
+        shown += noise.different(a, b, starts=(3.0, 3.0))
+        shown_ignoring += PooledNoise(noise.sd, noise.df).different(a, b)
+    assert 0.005 < shown / sweeps < 0.065
+    assert shown_ignoring / sweeps > 0.10
+
+
+@pytest.mark.parametrize("noise", [PooledNoise(0.10, 20, 0.05, 4, 3.0), PooledNoise(0.10, 40, 0.02, 1, 4.0),
+                                   PooledNoise(0.08, 30, 0.04, 6, 2.0)])
+@pytest.mark.parametrize("ratio", [0.7, 0.85, 1.3])
+def test_the_rounds_to_separate_are_the_first_that_do_with_start_variation(noise, ratio):
+    """The criterion is not monotone in n when the degrees of freedom move with it: the answer is the
+    first n that meets it, found however far the search must go."""
+    from tuning.stats import t_quantile
+
+    def separates(n: int, starts: float) -> bool:
+        df = noise._df(2 / n, 2 / starts)
+        k = t_quantile(0.975, df) + t_quantile(0.8, df)
+        return abs(math.log(ratio)) >= k * math.sqrt(noise.sd ** 2 * 2 / n + noise.start_sd ** 2 * 2 / starts)
+
+    for starts in (1.0, 4.0, 16.0):
+        want = next((n for n in range(2, 301) if separates(n, starts)), None)
+        assert noise.rounds_to_separate(ratio, max_rounds=300, starts=starts) == want

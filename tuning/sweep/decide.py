@@ -38,7 +38,7 @@ import logging
 import shutil
 import sys
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,21 +117,26 @@ def decide_phase(spec: Any, rows: list[ResultRow], results: Any,
 
     measure = measure or run_decision
     notes: list[str] = []
+    planned: set[tuple[str, str, int]] = set()  # cells a pass measured, or tried to: never planned twice
+
+    def plan_next(results: Any) -> DecisionPlan | None:
+        first = pick_for(results, spec, provenance_for(spec, results))  # before the mix rules: see plan_decision
+        return plan_decision(results, spec.buckets, first, spec.decide_rounds, spec.constraints,
+                             starts=spec.decide_starts, exclude=planned)
+
     for _ in range(MAX_DECIDE_PASSES):
         try:
-            first = pick_for(results, spec, provenance_for(spec, results))  # before the mix rules: see plan_decision
-        except RoutingTableError:
-            break
-        try:
-            plan = plan_decision(results, spec.buckets, first, spec.decide_rounds, spec.constraints,
-                                 starts=spec.decide_starts)
+            plan = plan_next(results)
             if plan is None:
                 break
             if time_budget_spent(read_budget(Path(spec.run_dir) / BUDGET_FILE)):
                 notes.append(f"decide: {plan.describe()} wanted, not run: the time budget was spent")
                 break
+            planned.update((u.bucket, u.band, u.in_flight) for u in plan.undecided)
             print(f"decide: {plan.describe()} ...", file=sys.stderr, flush=True)  # engine starts: minutes on GPUs
             added = measure(spec, plan)
+        except RoutingTableError:
+            break
         except Exception as e:  # noqa: BLE001 - Ray, Tune and config errors alike: the tables so far still stand
             logger.exception("decide phase failed")
             notes.append(f"decide: failed ({type(e).__name__}: {str(e)[:300]}); the table is chosen from the rounds "
@@ -143,11 +148,19 @@ def decide_phase(spec: Any, rows: list[ResultRow], results: Any,
             break
         rows = [*rows, *added]
         results = results_frame(rows)
+    else:
+        try:
+            left = plan_next(results)
+        except RoutingTableError:
+            left = None
+        if left is not None:
+            notes.append(f"decide: stopped after {MAX_DECIDE_PASSES} pass(es); still {left.describe()}, not measured")
     return rows, results, "; then ".join(notes) or None
 
 
 def plan_decision(results: Any, buckets: Sequence[Bucket], table: RoutingTable, rounds: int,
-                  constraints: Constraints = Constraints(), *, starts: int = 1) -> DecisionPlan | None:
+                  constraints: Constraints = Constraints(), *, starts: int = 1,
+                  exclude: Collection[tuple[str, str, int]] = ()) -> DecisionPlan | None:
     """The re-measurement the undecided cells of ``table`` (chosen from ``results``) ask for, or ``None``
     when there is none (or ``rounds`` is 0); ``rounds`` per config split over ``starts`` fresh engines per
     config (``rounds`` must be a multiple of ``starts``). The sweep passes the table as
@@ -156,7 +169,8 @@ def plan_decision(results: Any, buckets: Sequence[Bucket], table: RoutingTable, 
     one config everywhere, and that table has no cell left to decide, so the comparison that tipped it
     would never be measured again. A cell whose kept config and another already have decide rows there
     (an earlier decide phase of a resumed sweep) is not measured a third time, whichever config it is now
-    compared with: a resume that only commits must not start engines again."""
+    compared with: a resume that only commits must not start engines again. ``exclude``: (bucket, band,
+    load) cells not to plan (those an earlier pass of this phase planned, whatever it measured)."""
     if rounds < 0:
         raise ValueError(f"rounds={rounds}; allowed: >= 0")
     _check_starts(rounds, starts)
@@ -173,7 +187,8 @@ def plan_decision(results: Any, buckets: Sequence[Bucket], table: RoutingTable, 
         keys = again.get((u.bucket, u.band, u.in_flight), set())
         return u.kept_key in keys and len(keys) > 1
 
-    undecided = [u for u in undecided_cells(results, buckets, table, constraints) if not measured_again(u)]
+    undecided = [u for u in undecided_cells(results, buckets, table, constraints)
+                 if not measured_again(u) and (u.bucket, u.band, u.in_flight) not in exclude]
     if not undecided:
         return None
     points: dict[str, dict[str, Any]] = {}
