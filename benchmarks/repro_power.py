@@ -8,8 +8,8 @@ Why a model and not the GPU: whether two sweeps agree is a probability, and one 
 measurements (``benchmarks/results/gpu_repro_h200_2026-12-04``): each config's throughput on each bucket x
 temperature is the geometric mean of all its rounds in both sweeps, and one round moves by the log sd
 pooled over both sweeps. A round is that truth times ``exp(N(0, round sd))``, times one
-``exp(N(0, start sd))`` per engine start: the variation between engine starts, by default as the two sweeps
-show it (each config was started once in each: :class:`tuning.stats.PooledNoise` ``start_sd``). The decide
+``exp(N(0, start sd))`` per engine start, shared by every cell it measures: the variation between engine
+starts, by default as the two sweeps show it (each config was started once in each: :class:`tuning.stats.PooledNoise` ``start_sd``). The decide
 phase draws its rounds on fresh engine starts, ``--decide-starts`` of them per config, as
 ``tuning.sweep.decide.run_decision`` measures them.
 
@@ -224,8 +224,7 @@ def render(results: Sequence[Mapping[str, Any]], truth: Truth, start_sd: float, 
         "",
         f"Truth and noise from `{truth.source}`: one round's log sd {truth.round_sd:.3f} "
         f"({math.expm1(truth.round_sd):.1%}); engine-start log sd {start_sd:.3f} ("
-        + (f"as the two sweeps show it, {truth.start_df} df: each config started once in each; the per-cell "
-           "offsets pooled as if independent, while one start may shift all its cells alike"
+        + (f"as the two sweeps show it, {truth.start_df} df: each config started once in each, on four cells"
            if start_sd == truth.start_sd else f"set; the two sweeps show {truth.start_sd:.3f}, {truth.start_df} df")
         + "). Configs, buckets, temperatures, load and rounds per config as that run's sweeps "
         "(`work/sweep-a/sweep.json`); the mix `benchmarks/gpu/payoff_mix_test_ckpt.yaml`. Each table is scored on the "
