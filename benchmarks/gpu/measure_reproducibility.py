@@ -143,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", default="/root/repro")
     p.add_argument("--sim", action="store_true", help="the same flow on simulated engines (no GPU)")
     p.add_argument("--reuse", action="store_true", help="keep a sweep whose table is already in --work (a later call)")
+    p.add_argument("--sweeps", default="a,b", help="which sweeps to run now (a, b or both): one per lease where a "
+                   "sweep with a long decide phase fills one; the side by side runs once both tables are in --work")
     p.add_argument("--buckets", default="256,1024")
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--temperatures", default="0,0.8", help="sampling temperatures each sweep measures")
@@ -175,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="each app drives the mix unmeasured for this long before the rounds (one pass at least)")
     p.add_argument("--num-cpus", type=int, default=8)
     a = p.parse_args(argv)
+    run_now = [t.strip() for t in a.sweeps.split(",") if t.strip()]
+    if not run_now or any(t not in SEEDS for t in run_now):
+        p.error(f"--sweeps {a.sweeps!r}: a comma list of {', '.join(SEEDS)}")
     from tuning.buckets import Bucket
     from tuning.traffic import load_mix
     from tuning.workload import load_tokenizer
@@ -191,15 +196,23 @@ def main(argv: list[str] | None = None) -> int:
         (out_dir / "reproducibility.json").write_text(json.dumps(result, indent=1, default=str))
 
     with e2e.ray_cluster([0], sim=a.sim, num_cpus=a.num_cpus):
-        for tag in SEEDS:
+        for tag in run_now:
             result[f"sweep_{tag}"] = sweep(tag, a)
             log(f"sweep {tag}: rc {result[f'sweep_{tag}'].get('rc')}, {result[f'sweep_{tag}'].get('wall_s')} s")
             save()
         paths = {tag: work / f"sweep-{tag}" / "routing_table.json" for tag in SEEDS}
-        if not all(p.exists() for p in paths.values()):
-            result["error"] = "a sweep committed no table"
+        missing = [tag for tag, path in paths.items() if not path.exists()]
+        if missing and any(t in run_now for t in missing):
+            result["error"] = f"sweep {', '.join(t for t in missing if t in run_now)} committed no table"
             save()
             return 1
+        if missing:  # the other sweep is for a later call: this one's table is in --work (and its run in --out)
+            result["next"] = (f"sweep {', '.join(missing)} has no table in {work} yet: run --sweeps "
+                              f"{','.join(missing)} --reuse --work <a copy of {work}> (a later lease), which then "
+                              "serves both tables side by side")
+            log(result["next"])
+            save()
+            return 0
         tables = {tag: routing.load(p) for tag, p in paths.items()}
         result["choices"] = {tag: choices(t) for tag, t in tables.items()}
         result["same_configs"] = set(tables["a"].distinct_configs()) == set(tables["b"].distinct_configs())

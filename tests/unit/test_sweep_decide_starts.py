@@ -136,3 +136,34 @@ def test_the_reproducibility_script_passes_the_flag_to_its_sweeps(monkeypatch, t
     repro.sweep("a", args)
     cmd = seen["cmd"]
     assert cmd[cmd.index("--decide-rounds") + 1] == "4" and cmd[cmd.index("--decide-starts") + 1] == "2"
+
+
+def test_the_reproducibility_script_can_run_one_sweep_now_and_the_other_later(monkeypatch, tmp_path):
+    """A sweep whose decide phase fills a lease runs alone (``--sweeps a``); the script then says how the
+    other one follows, and serves nothing yet. An unknown sweep name is refused before anything starts."""
+    import contextlib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.syspath_prepend(str(root / "benchmarks" / "gpu"))
+    import measure_reproducibility as repro
+
+    ran: list[str] = []
+
+    def sweep(tag, a):
+        ran.append(tag)
+        table = Path(a.work) / f"sweep-{tag}" / "routing_table.json"
+        table.parent.mkdir(parents=True)
+        table.write_text("{}")
+        return {"rc": 0, "wall_s": 1.0}
+
+    monkeypatch.setattr(repro, "sweep", sweep)
+    monkeypatch.setattr(repro.e2e, "ray_cluster", lambda *a, **k: contextlib.nullcontext())
+    out, work = tmp_path / "out", tmp_path / "work"
+    assert repro.main(["--sim", "--out", str(out), "--work", str(work), "--sweeps", "a"]) == 0
+    assert ran == ["a"]
+    said = json.loads((out / "reproducibility.json").read_text())
+    assert "--sweeps b --reuse --work" in said["next"] and "route_differences" not in said
+    with pytest.raises(SystemExit):
+        repro.main(["--sim", "--out", str(out), "--work", str(work), "--sweeps", "c"])
+    assert ran == ["a"]
