@@ -99,10 +99,10 @@ def parser() -> argparse.ArgumentParser:
                    "--share-gpu the rounds of co-resident configs take turns on the GPU")
     w.add_argument("--decide-rounds", type=int, metavar="R",
                    help="before committing, measure every cell comparison left within noise again: both configs "
-                        "on a fresh engine, R rounds of those cells, pooled with the first (default 0: none; two "
-                        "rounds per config can miss a gap of 15-20 %%, so two sweeps may route such a cell "
-                        "differently; 8 brought two simulated sweeps of an H200 space within 3 %% on the mix in "
-                        "95 %% of pairs, benchmarks/results/repro_power_2026-12-04.md)")
+                        "on fresh engines (--decide-starts), R rounds of those cells, pooled with the first "
+                        "(default 0: none; two rounds per config can miss a gap of 15-20 %%, so two sweeps may "
+                        "route such a cell differently; 16 over 8 starts brought two simulated sweeps of an H200 "
+                        "space within 3 %% on the mix in 95 %% of pairs, benchmarks/results/repro_power_2026-12-05.md)")
     w.add_argument("--decide-starts", type=int, metavar="K",
                    help="split --decide-rounds over K fresh engines per config, started in alternation, so the "
                         "comparison holds the variation between engine starts (default 1; R must be a multiple of K)")
