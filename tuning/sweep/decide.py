@@ -4,8 +4,8 @@ A cell comparison within noise keeps the bucket's config: "not shown", not "the 
 gap is real but the rounds were too few to show it, a second sweep of the same space can show it and
 commit another route, and tables of one space then differ on the mix by as much as that gap. With
 ``decide_rounds`` the sweep measures each such comparison again before it commits: both configs of every
-undecided (bucket, sampling band, load) get a fresh engine and ``R`` more rounds of those cells' temperatures
-x loads (a bucket whose undecided cells differ in both measures their cross product); the rounds of both
+undecided (bucket, sampling band, load) get fresh engines (``decide_starts``, below) and ``R`` more rounds of
+those cells' temperatures x loads (a bucket whose undecided cells differ in both measures their cross product); the rounds of both
 measurements are pooled (:func:`tuning.results.cell_measurements` merges them) and the table is chosen
 again from all of it.
 
