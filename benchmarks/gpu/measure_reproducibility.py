@@ -201,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
             log(f"sweep {tag}: rc {result[f'sweep_{tag}'].get('rc')}, {result[f'sweep_{tag}'].get('wall_s')} s")
             save()
         paths = {tag: work / f"sweep-{tag}" / "routing_table.json" for tag in SEEDS}
+        for tag in SEEDS:  # a sweep of an earlier call, its table in --work
+            if tag not in run_now and paths[tag].exists():
+                result[f"sweep_{tag}"] = {"run_dir": str(paths[tag].parent), "reused": True}
         missing = [tag for tag, path in paths.items() if not path.exists()]
         if missing and any(t in run_now for t in missing):
             result["error"] = f"sweep {', '.join(t for t in missing if t in run_now)} committed no table"
