@@ -50,6 +50,27 @@ SEEDS = {"a": 0, "b": 1}
 GOAL = 0.03
 
 
+def spec_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """Where two sweeps' specs (``sweep.json``) differ beyond what two independent sweeps of one space may:
+    their seeds, ids and run dirs, and where they ran (``tokenizer``: the checkpoint's path)."""
+    own = {"sweep_id", "run_dir", "seed", "tokenizer", "routing_table", "max_concurrent_trials"}
+    return [f"{k}: {a.get(k)!r} vs {b.get(k)!r}"[:200] for k in sorted((set(a) | set(b)) - own) if a.get(k) != b.get(k)]
+
+
+def _later_call(argv: list[str], tags: list[str]) -> list[str]:
+    """``argv`` for the call that runs sweeps ``tags``: its ``--sweeps``, ``--work`` and ``--reuse`` left out
+    (the caller names the new ones)."""
+    out, skip = [], False
+    for x in argv:
+        if skip:
+            skip = False
+        elif x in ("--sweeps", "--work"):
+            skip = True
+        elif not x.startswith(("--sweeps=", "--work=")) and x != "--reuse":
+            out.append(x)
+    return [*out, "--sweeps", ",".join(tags)]
+
+
 def sweep(tag: str, a: argparse.Namespace) -> dict[str, Any]:
     run_dir = Path(a.work) / f"sweep-{tag}"
     if (run_dir / "routing_table.json").exists() and a.reuse:
@@ -177,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="each app drives the mix unmeasured for this long before the rounds (one pass at least)")
     p.add_argument("--num-cpus", type=int, default=8)
     a = p.parse_args(argv)
-    run_now = [t.strip() for t in a.sweeps.split(",") if t.strip()]
+    run_now = list(dict.fromkeys(t.strip() for t in a.sweeps.split(",") if t.strip()))
     if not run_now or any(t not in SEEDS for t in run_now):
         p.error(f"--sweeps {a.sweeps!r}: a comma list of {', '.join(SEEDS)}")
     from tuning.buckets import Bucket
@@ -201,21 +222,27 @@ def main(argv: list[str] | None = None) -> int:
             log(f"sweep {tag}: rc {result[f'sweep_{tag}'].get('rc')}, {result[f'sweep_{tag}'].get('wall_s')} s")
             save()
         paths = {tag: work / f"sweep-{tag}" / "routing_table.json" for tag in SEEDS}
-        for tag in SEEDS:  # a sweep of an earlier call, its table in --work
-            if tag not in run_now and paths[tag].exists():
+        for tag in SEEDS:  # a sweep of an earlier call, its table in --work: kept only when asked to (--reuse)
+            if tag not in run_now and a.reuse and paths[tag].exists():
                 result[f"sweep_{tag}"] = {"run_dir": str(paths[tag].parent), "reused": True}
-        missing = [tag for tag, path in paths.items() if not path.exists()]
+        missing = [tag for tag in SEEDS if not paths[tag].exists() or (tag not in run_now and not a.reuse)]
         if missing and any(t in run_now for t in missing):
             result["error"] = f"sweep {', '.join(t for t in missing if t in run_now)} committed no table"
             save()
             return 1
         if missing:  # the other sweep is for a later call: this one's table is in --work (and its run in --out)
-            result["next"] = (f"sweep {', '.join(missing)} has no table in {work} yet: run --sweeps "
-                              f"{','.join(missing)} --reuse --work <a copy of {work}> (a later lease), which then "
-                              "serves both tables side by side")
+            again = list(argv if argv is not None else sys.argv[1:])
+            result["next"] = (f"sweep {', '.join(missing)} has no table here yet: in a later call (a later lease, the "
+                              f"same checkpoint) run {Path(__file__).name} {' '.join(_later_call(again, missing))} "
+                              f"--reuse --work <a copy of {work}>, which then serves both tables side by side")
             log(result["next"])
             save()
             return 0
+        if (differ := spec_differences(*(json.loads((work / f"sweep-{t}" / "sweep.json").read_text()) for t in SEEDS))):
+            result["error"] = f"the two sweeps measured different spaces ({'; '.join(differ)}): their tables do not compare"
+            log(result["error"])
+            save()
+            return 1
         tables = {tag: routing.load(p) for tag, p in paths.items()}
         result["choices"] = {tag: choices(t) for tag, t in tables.items()}
         result["same_configs"] = set(tables["a"].distinct_configs()) == set(tables["b"].distinct_configs())

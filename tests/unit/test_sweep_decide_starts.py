@@ -153,8 +153,9 @@ def test_the_reproducibility_script_can_run_one_sweep_now_and_the_other_later(mo
     def sweep(tag, a):
         ran.append(tag)
         table = Path(a.work) / f"sweep-{tag}" / "routing_table.json"
-        table.parent.mkdir(parents=True)
+        table.parent.mkdir(parents=True, exist_ok=True)
         table.write_text("{}")
+        (table.parent / "sweep.json").write_text(json.dumps({"seed": repro.SEEDS[tag], "buckets": a.buckets}))
         return {"rc": 0, "wall_s": 1.0}
 
     monkeypatch.setattr(repro, "sweep", sweep)
@@ -163,7 +164,16 @@ def test_the_reproducibility_script_can_run_one_sweep_now_and_the_other_later(mo
     assert repro.main(["--sim", "--out", str(out), "--work", str(work), "--sweeps", "a"]) == 0
     assert ran == ["a"]
     said = json.loads((out / "reproducibility.json").read_text())
-    assert "--sweeps b --reuse --work" in said["next"] and "route_differences" not in said and "sweep_b" not in said
+    assert "--sim --out " in said["next"] and "--sweeps b --reuse --work <a copy of" in said["next"]
+    assert "route_differences" not in said and "sweep_b" not in said
     with pytest.raises(SystemExit):
         repro.main(["--sim", "--out", str(out), "--work", str(work), "--sweeps", "c"])
     assert ran == ["a"]
+    # the later call: without --reuse sweep a's table is not taken; with it, a space that differs is refused
+    assert repro.main(["--sim", "--out", str(out), "--work", str(work), "--sweeps", "b"]) == 0
+    assert "sweep a has no table here yet" in json.loads((out / "reproducibility.json").read_text())["next"]
+    assert repro.main(["--sim", "--out", str(out), "--work", str(work), "--sweeps", "b", "--reuse",
+                       "--buckets", "1024"]) == 1
+    said = json.loads((out / "reproducibility.json").read_text())
+    assert said["sweep_a"]["reused"] and "different spaces (buckets: '256,1024' vs '1024')" in said["error"]
+    assert ran == ["a", "b", "b"]
