@@ -102,7 +102,8 @@ def parser() -> argparse.ArgumentParser:
                         "on fresh engines (--decide-starts), R rounds of those cells, pooled with the first "
                         "(default 0: none; two rounds per config can miss a gap of 15-20 %%, so two sweeps may "
                         "route such a cell differently; 16 over 8 starts brought two simulated sweeps of an H200 "
-                        "space within 3 %% on the mix in 95 %% of pairs, benchmarks/results/repro_power_2026-12-05.md)")
+                        "space within 3 %% on the mix in 95 %% of pairs, on one start below 50 %% however many "
+                        "rounds: benchmarks/results/repro_power_2026-12-05.md)")
     w.add_argument("--decide-starts", type=int, metavar="K",
                    help="split --decide-rounds over K fresh engines per config, started in alternation, so the "
                         "comparison holds the variation between engine starts (default 1; R must be a multiple of K)")
