@@ -83,6 +83,8 @@ def sweep(tag: str, a: argparse.Namespace) -> dict[str, Any]:
             "--decide-starts", str(a.decide_starts)]
     if a.burn_in_s is not None and not a.sim:
         cmd += ["--burn-in-s", f"{a.burn_in_s:g}"]
+    if getattr(a, "baseline_memory_fraction", None) is not None:
+        cmd += ["--baseline-memory-fraction", f"{a.baseline_memory_fraction:g}"]
     t = time.monotonic()
     proc = e2e.run(cmd, timeout=a.sweep_timeout_s, check=False, log_to=Path(a.out) / f"sweep_{tag}.log")
     out = {"run_dir": str(run_dir), "rc": proc.returncode, "wall_s": round(time.monotonic() - t, 1), "command": " ".join(cmd)}
@@ -184,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decide-starts", type=int, default=1,
                    help="split --decide-rounds over this many fresh engines per config, started in alternation "
                         "(tuning.sweep; --decide-rounds must be a multiple of it)")
+    p.add_argument("--baseline-memory-fraction", type=float, default=None,
+                   help="the compared baselines' memory fraction (tuning.sweep; default its 0.8): a small one lets "
+                        "their engines, and the decide phase's, start side by side on the shared GPU")
     p.add_argument("--draft-tokens", default="4")
     p.add_argument("--memory-fractions", default="0.06")
     p.add_argument("--max-batch-size", type=int, default=64)

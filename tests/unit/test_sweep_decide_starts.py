@@ -136,6 +136,11 @@ def test_the_reproducibility_script_passes_the_flag_to_its_sweeps(monkeypatch, t
     repro.sweep("a", args)
     cmd = seen["cmd"]
     assert cmd[cmd.index("--decide-rounds") + 1] == "4" and cmd[cmd.index("--decide-starts") + 1] == "2"
+    assert "--baseline-memory-fraction" not in cmd
+    args.baseline_memory_fraction = 0.06
+    repro.sweep("a", args)
+    cmd = seen["cmd"]
+    assert cmd[cmd.index("--baseline-memory-fraction") + 1] == "0.06"
 
 
 def test_the_reproducibility_script_can_run_one_sweep_now_and_the_other_later(monkeypatch, tmp_path):

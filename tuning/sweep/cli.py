@@ -66,6 +66,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--num-draft-tokens", type=_int_list, help="LMDeploy draft tokens, e.g. 1,2,3,4 "
                    "(sglang steps=k / draft tokens=k+1 is LMDeploy k)")
     s.add_argument("--memory-fraction", type=_float_list, help="--cache-max-entry-count values, e.g. 0.7,0.8,0.9")
+    s.add_argument("--baseline-memory-fraction", type=float, metavar="F",
+                   help="the baselines' (MTP off, MTP-4) --cache-max-entry-count (default 0.8, LMDeploy's); with "
+                        "--share-gpu a small value lets their engines, and a decide phase's fresh ones, start side "
+                        "by side")
     s.add_argument("--max-batch-size", type=_int_list, help="--max-batch-size values, e.g. 64,128,256")
     s.add_argument("--backends", type=lambda v: v.split(","), help="backends tried with MTP off (pytorch,turbomind)")
     w = p.add_argument_group("workloads")

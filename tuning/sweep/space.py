@@ -146,6 +146,9 @@ class SearchSpace:
         off_backends: backends tried with MTP off, ``pytorch``/``turbomind`` (for ``"sim"``: the engine the
             simulator stands in for). Default: both for LMDeploy, ``pytorch`` for the simulator.
         session_len, max_prefill_tokens, extra_flags: fixed for every point.
+        baseline_memory_fraction: the baselines' ``--cache-max-entry-count`` (LMDeploy's default, 0.8,
+            unless a small model shares a GPU: at 0.8 a baseline's engine takes the GPU alone, so neither it
+            nor a decide phase's fresh engines of it can start beside another).
         points: named points evaluated first (baselines are added by :meth:`with_baselines`).
     """
 
@@ -160,6 +163,7 @@ class SearchSpace:
     session_len: int | None = None
     max_prefill_tokens: int = 8192
     extra_flags: tuple[str, ...] = ()
+    baseline_memory_fraction: float = STATIC_MEMORY_FRACTION
     points: tuple[NamedPoint, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
@@ -188,6 +192,12 @@ class SearchSpace:
         if self.engine == "sim" and "turbomind" in backs:
             _require_turbomind_constants(self.model)
         set_("extra_flags", tuple(self.extra_flags))
+        try:
+            set_("baseline_memory_fraction", round(float(self.baseline_memory_fraction), 4))
+        except (TypeError, ValueError):
+            raise ConfigError(f"baseline_memory_fraction={self.baseline_memory_fraction!r} is not a number") from None
+        if not 0.0 < self.baseline_memory_fraction <= 1.0:
+            raise ConfigError(f"baseline_memory_fraction={self.baseline_memory_fraction}; allowed: 0 < fraction <= 1")
         set_("points", tuple(p if isinstance(p, NamedPoint) else NamedPoint(**p) for p in self.points))
         # Validate every knob value once by building the extreme configs (clear ConfigError on bad input).
         for cfg in self._corner_configs():
@@ -215,28 +225,29 @@ class SearchSpace:
     def with_baselines(self) -> SearchSpace:
         """This space plus the two baselines as named points (first in the queue):
 
-        - MTP off: the PyTorch engine, memory fraction 0.8 (LMDeploy's default
-          ``--cache-max-entry-count``) and the largest batch size.
-        - static recommendation: ``qwen3_5_mtp``, 4 draft tokens, memory fraction 0.8.
+        - MTP off: the PyTorch engine, memory fraction ``baseline_memory_fraction`` (0.8 by default,
+          LMDeploy's default ``--cache-max-entry-count``) and the largest batch size.
+        - static recommendation: ``qwen3_5_mtp``, 4 draft tokens, the same memory fraction.
 
         The searched space is left as it is: values of a baseline outside it become the point's
         fixed constants (:meth:`split_point`), not new choices for the searcher.
 
         Where the space offers TurboMind next to the PyTorch engine (and MTP off), one TurboMind
-        point follows: a search point inside the space (the memory fraction nearest 0.8, the largest
-        batch size), so the engine choice is always measured and TPE learns from it.
+        point follows: a search point inside the space (the memory fraction nearest the baselines', the
+        largest batch size), so the engine choice is always measured and TPE learns from it.
         """
         bs = max(self.max_batch_size)
-        off: dict[str, Any] = {"speculative": False, "memory_fraction": STATIC_MEMORY_FRACTION, "max_batch_size": bs}
+        mem = self.baseline_memory_fraction
+        off: dict[str, Any] = {"speculative": False, "memory_fraction": mem, "max_batch_size": bs}
         if self.engine != "sim" or self.off_backends != ("pytorch",):
             off["backend"] = "pytorch"
-        static = {"speculative": True, "num_draft_tokens": STATIC_NUM_DRAFT_TOKENS,
-                  "memory_fraction": STATIC_MEMORY_FRACTION, "max_batch_size": bs}
+        static = {"speculative": True, "num_draft_tokens": STATIC_NUM_DRAFT_TOKENS, "memory_fraction": mem,
+                  "max_batch_size": bs}
         named = [NamedPoint(ROLE_MTP_OFF, off), NamedPoint(ROLE_STATIC, static)]
         if "turbomind" in self.off_backends and len(self.off_backends) > 1 and False in self.speculative:
-            mem = min(self.memory_fraction, key=lambda m: (abs(m - STATIC_MEMORY_FRACTION), m))
+            near = min(self.memory_fraction, key=lambda m: (abs(m - mem), m))
             named.append(NamedPoint(ROLE_SEARCH, {"speculative": False, "backend": "turbomind",
-                                                  "memory_fraction": mem, "max_batch_size": bs}))
+                                                  "memory_fraction": near, "max_batch_size": bs}))
         others = tuple(p for p in self.points if p.role not in BASELINE_ROLES and p not in named)
         return self.replace(points=(*named, *others))
 
