@@ -83,7 +83,7 @@ def sweep(tag: str, a: argparse.Namespace) -> dict[str, Any]:
             "--decide-starts", str(a.decide_starts)]
     if a.burn_in_s is not None and not a.sim:
         cmd += ["--burn-in-s", f"{a.burn_in_s:g}"]
-    if getattr(a, "baseline_memory_fraction", None) is not None:
+    if a.baseline_memory_fraction is not None:
         cmd += ["--baseline-memory-fraction", f"{a.baseline_memory_fraction:g}"]
     t = time.monotonic()
     proc = e2e.run(cmd, timeout=a.sweep_timeout_s, check=False, log_to=Path(a.out) / f"sweep_{tag}.log")

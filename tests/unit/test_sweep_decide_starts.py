@@ -132,6 +132,7 @@ def test_the_reproducibility_script_passes_the_flag_to_its_sweeps(monkeypatch, t
     args = type("A", (), {"work": str(tmp_path), "reuse": False, "num_trials": 2, "time_budget_s": 10,
                           "temperatures": "0,0.8", "traffic_mix": "mix.yaml", "decide_rounds": 4,
                           "decide_starts": 2, "burn_in_s": None, "sim": True, "sweep_timeout_s": 5,
+                          "baseline_memory_fraction": None,
                           "out": str(tmp_path)})()
     repro.sweep("a", args)
     cmd = seen["cmd"]

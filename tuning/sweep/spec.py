@@ -243,7 +243,7 @@ def build_spec(args: argparse.Namespace, defaults: Mapping[str, Any] | None = No
     overrides = {
         "speculative": args.speculative, "num_draft_tokens": args.num_draft_tokens,
         "memory_fraction": args.memory_fraction, "max_batch_size": args.max_batch_size,
-        "off_backends": args.backends, "baseline_memory_fraction": getattr(args, "baseline_memory_fraction", None),
+        "off_backends": args.backends, "baseline_memory_fraction": args.baseline_memory_fraction,
     }
     space_cfg.update({k: v for k, v in overrides.items() if v is not None})
     tp = args.tp or sim.get("tp") or d.get("tp", 8)
@@ -322,7 +322,7 @@ def build_spec(args: argparse.Namespace, defaults: Mapping[str, Any] | None = No
         burn_in=not simulated and not args.no_burn_in,
         burn_in_s=0.0 if simulated or args.no_burn_in else (GPU_BURN_IN_S if args.burn_in_s is None else args.burn_in_s),
         decide_rounds=int(getattr(args, "decide_rounds", None) or 0),
-        decide_starts=1 if (starts := getattr(args, "decide_starts", None)) is None else starts,
+        decide_starts=1 if args.decide_starts is None else args.decide_starts,
     )
 
 
