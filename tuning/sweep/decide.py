@@ -144,7 +144,7 @@ def decide_phase(spec: Any, rows: list[ResultRow], results: Any,
             break
         measured = sorted({r.engine_label or r.engine_key or "?" for r in added})
         notes.append(f"decide: {plan.describe()}; measured again: {', '.join(measured) or 'none'} ({len(added)} rows)")
-        if not added:  # planning again would plan the same
+        if not added:  # the results are as they were: nothing new to plan from
             break
         rows = [*rows, *added]
         results = results_frame(rows)
