@@ -42,10 +42,12 @@ class BudgetedSearch(Searcher):
     reports the cached result (:class:`tuning.sweep.actors.ResultCache`).
 
     ``named_first`` (shared GPUs): while a named point (a baseline) is suggested and not complete,
-    nothing else is suggested. Ray grants GPU shares to whichever request fits, so a baseline's
+    no search trial is suggested. Ray grants GPU shares to whichever request fits, so a baseline's
     0.9-GPU reservation would wait behind every small search trial that keeps fitting — and without
-    both baselines no table is committed. A 0.9 share runs alone anyway, so running the baselines
-    first, one after another, costs a one-GPU sweep nothing.
+    both baselines no table is committed. The named points themselves are suggested together: two
+    0.9 shares still run one after the other (Ray grants one at a time), while baselines at a small
+    fraction start side by side, so their start-ups overlap (each is still measured alone, under the
+    sweep's lease).
 
     Args:
         study: the study to drive (its sampler decides; its storage keeps every trial).
@@ -88,7 +90,7 @@ class BudgetedSearch(Searcher):
             return Searcher.FINISHED
         if self.named_first and self.named_open and not self._named_open_checked:
             self._drop_finished_named()
-        if self.named_first and self.named_open:
+        if self.named_first and self.named_open and not self._named_waiting():
             return None  # not now: Tune asks again
         for attempt in range(self.max_dedupe_attempts):
             trial = self.study.ask()
@@ -192,6 +194,14 @@ class BudgetedSearch(Searcher):
                             skip_if_finished=True)
         except ValueError as e:  # e.g. a NaN objective: the trial stays out of the model
             logger.warning("trial %d not told to the study: %s", number, e)
+
+    def _named_waiting(self) -> bool:
+        """Whether the study's next trial is another baseline: the named points wait in the study
+        (enqueued, handed out in order), and a named point of the search role is a search trial."""
+        from optuna.trial import TrialState
+
+        waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+        return bool(waiting) and min(waiting, key=lambda t: t.number).user_attrs.get("role", ROLE_SEARCH) != ROLE_SEARCH
 
     def _drop_finished_named(self) -> None:
         """Keep only the open baselines whose study trial is still running."""
