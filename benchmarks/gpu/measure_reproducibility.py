@@ -166,8 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", default="/root/repro")
     p.add_argument("--sim", action="store_true", help="the same flow on simulated engines (no GPU)")
     p.add_argument("--reuse", action="store_true", help="keep a sweep whose table is already in --work (a later call)")
-    p.add_argument("--sweeps", default="a,b", help="which sweeps to run now (a, b or both): one per lease where a "
-                   "sweep with a long decide phase fills one; the side by side runs once both tables are in --work")
+    p.add_argument("--sweeps", default="a,b", help="which sweeps to run now (a, b or both; none: only the side by "
+                   "side, of tables already in --work, with --reuse): one per lease where a sweep with a long "
+                   "decide phase fills one; the side by side runs once both tables are in --work")
+    p.add_argument("--no-side-by-side", action="store_true",
+                   help="stop after the sweeps even when both tables are in --work (where the side by side does "
+                   "not fit the lease beside a sweep: a later call serves them with --sweeps none --reuse)")
     p.add_argument("--buckets", default="256,1024")
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--temperatures", default="0,0.8", help="sampling temperatures each sweep measures")
@@ -203,9 +207,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="each app drives the mix unmeasured for this long before the rounds (one pass at least)")
     p.add_argument("--num-cpus", type=int, default=8)
     a = p.parse_args(argv)
-    run_now = list(dict.fromkeys(t.strip() for t in a.sweeps.split(",") if t.strip()))
-    if not run_now or any(t not in SEEDS for t in run_now):
-        p.error(f"--sweeps {a.sweeps!r}: a comma list of {', '.join(SEEDS)}")
+    run_now = [] if a.sweeps.strip() == "none" else list(dict.fromkeys(t.strip() for t in a.sweeps.split(",")
+                                                                        if t.strip()))
+    if (not run_now and a.sweeps.strip() != "none") or any(t not in SEEDS for t in run_now):
+        p.error(f"--sweeps {a.sweeps!r}: a comma list of {', '.join(SEEDS)}, or none")
+    if not run_now and not a.reuse:
+        p.error("--sweeps none serves the tables of earlier calls: it needs --reuse (and both in --work)")
+    if not run_now and a.no_side_by_side:
+        p.error("--sweeps none with --no-side-by-side leaves nothing to do")
     from tuning.buckets import Bucket
     from tuning.traffic import load_mix
     from tuning.workload import load_tokenizer
@@ -248,6 +257,15 @@ def main(argv: list[str] | None = None) -> int:
             log(result["error"])
             save()
             return 1
+        if a.no_side_by_side:
+            again = list(argv if argv is not None else sys.argv[1:])
+            later = [x for x in _later_call(again, ["none"]) if x != "--no-side-by-side"]
+            result["next"] = (f"both tables are in {work}: in a later call (a later lease, the same checkpoint) run "
+                              f"{Path(__file__).name} {' '.join(later)} --reuse --work <a copy of {work}> to serve "
+                              "them side by side")
+            log(result["next"])
+            save()
+            return 0
         tables = {tag: routing.load(p) for tag, p in paths.items()}
         result["choices"] = {tag: choices(t) for tag, t in tables.items()}
         result["same_configs"] = set(tables["a"].distinct_configs()) == set(tables["b"].distinct_configs())

@@ -183,3 +183,14 @@ def test_the_reproducibility_script_can_run_one_sweep_now_and_the_other_later(mo
     said = json.loads((out / "reproducibility.json").read_text())
     assert said["sweep_a"]["reused"] and "different spaces (buckets: '256,1024' vs '1024')" in said["error"]
     assert ran == ["a", "b", "b"]
+    # where the side by side does not fit the lease beside sweep b: it stops there and says how to serve them
+    assert repro.main(["--sim", "--out", str(out), "--work", str(work), "--sweeps", "b", "--reuse",
+                       "--no-side-by-side"]) == 0
+    said = json.loads((out / "reproducibility.json").read_text())
+    assert "route_differences" not in said
+    assert "both tables are in" in said["next"] and "--sweeps none --reuse --work <a copy of" in said["next"]
+    assert "--no-side-by-side" not in said["next"]
+    for bad in (["--sweeps", "none"], ["--sweeps", "none", "--reuse", "--no-side-by-side"]):
+        with pytest.raises(SystemExit):
+            repro.main(["--sim", "--out", str(out), "--work", str(work), *bad])
+    assert ran == ["a", "b", "b", "b"]
