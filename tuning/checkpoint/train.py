@@ -37,6 +37,7 @@ import argparse
 import copy
 import dataclasses
 import functools
+import hashlib
 import json
 import math
 import os
@@ -603,7 +604,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     cast_parameters(model, torch.bfloat16)  # predict with the weights LMDeploy will load
     if not a.skip_train:
         save_model(model, a.out_dir, other)
-        log(f"saved {a.out_dir / WEIGHTS_FILE}")
+        # The digest tells two leases' checkpoints of one recipe apart, or shows them the same.
+        report["weights_sha256"] = hashlib.sha256((a.out_dir / WEIGHTS_FILE).read_bytes()).hexdigest()
+        log(f"saved {a.out_dir / WEIGHTS_FILE} (sha256 {report['weights_sha256'][:16]})")
     eval_texts = read_texts(collect_source_files(a.text_root, max_bytes=8 << 20, split="eval"))
     prompts = held_out_prompts(tokenizer, eval_texts, count=a.eval_prompts, length=a.eval_prompt_tokens, seed=a.seed)
     bench = held_out_prompts(tokenizer, eval_texts, count=a.bench_prompts, length=a.bench_prompt_tokens,
