@@ -92,6 +92,32 @@ def test_on_a_shared_gpu_the_baselines_start_before_any_search_trial(tmp_path, m
     assert searcher.suggest("t4")["role"] == ROLE_SEARCH  # search trials run side by side
 
 
+def test_a_baseline_that_duplicates_a_measured_config_lets_no_search_trial_past_the_hold(tmp_path, model_dir):
+    """The searcher skips a suggestion whose engine was already measured and asks again; when the skipped
+    one was the last waiting baseline, the next is a search trial, which must wait like any other while a
+    baseline runs."""
+    from tuning.sweep.space import ROLE_MTP_OFF, ROLE_SEARCH
+
+    spec, generator = _search_alg(tmp_path, model_dir, share_gpu=True)
+    searcher = generator.searcher
+    searcher.set_search_properties("score", "max", {})
+    assert searcher.suggest("t1")["role"] == ROLE_MTP_OFF
+    static = next(p for p in spec.space.points if p.role == ROLE_STATIC)
+    key = spec.space.to_engine_config(static.params, extra_flags=static.extra_flags).key()
+    searcher.searcher.known[key] = {"score": 2.0}  # as if measured by an earlier trial of this sweep
+    assert searcher.suggest("t2") is None
+    searcher.on_trial_complete("t1", {"score": 1.0, "engine_key": "a"})
+    assert searcher.suggest("t2")["role"] == ROLE_SEARCH
+
+
+def test_shared_sweep_counts_the_baselines_fraction_in_how_many_run_at_once(tmp_path, model_dir):
+    """A decide phase starts several engines of the baselines at once: at a small baseline fraction as many
+    run together as their reservations fit, whatever the searched fractions."""
+    args = _parser().parse_args(["--model", str(model_dir), "--tp", "1", "--share-gpu", "--memory-fraction", "0.3",
+                                 "--baseline-memory-fraction", "0.02", "--run-dir", str(tmp_path / "r")])
+    assert build_spec(args, cluster_gpus=1).max_concurrent_trials == 8  # 1 GPU / (0.02 + 0.1)
+
+
 @pytest.mark.parametrize("finished_after_save", [False, True])
 def test_a_resumed_shared_sweep_keeps_holding_a_baseline_that_tune_restarts(tmp_path, model_dir, finished_after_save):
     """The hold above is searcher state: saved with Tune's experiment and restored on ``--resume``

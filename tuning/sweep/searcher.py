@@ -109,6 +109,8 @@ class BudgetedSearch(Searcher):
             trial.set_user_attr("duplicate_of", key)
             # Measured: tell the study the measured value. Being measured: pruned (TPE ignores it).
             self._tell(trial.number, known, error=False)
+            if self.named_first and self.named_open and not self._named_waiting():
+                return None  # the duplicate was the last baseline: the hold applies again
         return None  # unreachable
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:

@@ -292,9 +292,10 @@ def build_spec(args: argparse.Namespace, defaults: Mapping[str, Any] | None = No
                                                      max(1, cluster_cpus))
     elif args.share_gpu:
         resources = {"cpu": 1, "gpu": tp}
-        # As many as the smallest reservations fit; Ray holds back the ones that do not fit now.
+        # As many as the smallest reservations fit (the baselines' too: a decide phase starts several of
+        # them at once); Ray holds back the ones that do not fit now.
         smallest = min(EngineConfig(model=args.model, memory_fraction=f).gpu_request(share_gpu=True)
-                       for f in space.memory_fraction)
+                       for f in (*space.memory_fraction, space.baseline_memory_fraction))
         max_conc = args.max_concurrent_trials or max(1, int(cluster_gpus / smallest + 1e-9))
     else:
         resources = {"cpu": 1, "gpu": tp}
