@@ -244,6 +244,12 @@ def main(argv: list[str] | None = None) -> int:
             result["error"] = f"sweep {', '.join(t for t in missing if t in run_now)} committed no table"
             save()
             return 1
+        if missing and not run_now:
+            result["error"] = (f"--sweeps none serves two committed tables: no table of sweep {', '.join(missing)} in "
+                               f"{work}")
+            log(result["error"])
+            save()
+            return 1
         if missing:  # the other sweep is for a later call: this one's table is in --work (and its run in --out)
             again = list(argv if argv is not None else sys.argv[1:])
             result["next"] = (f"sweep {', '.join(missing)} has no table here yet: in a later call (a later lease, the "

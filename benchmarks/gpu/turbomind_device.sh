@@ -47,7 +47,7 @@
 #   then, until it says done:  OUT=$OUT bash benchmarks/gpu/turbomind_device.sh repro-collect
 #   (copies each finished sweep's routing_table.json and sweep.json to $OUT/work/sweep-<tag>/: a later lease
 #   re-measures them side by side with ARGS "--reuse --work <that folder, committed>"; one sweep per lease where
-#   a decide phase fills it: "--sweeps a", then "--sweeps b --reuse --no-side-by-side", then "--sweeps none --reuse")
+#   a decide phase fills it: "--sweeps a --no-side-by-side", then the call it prints, then "--sweeps none --reuse")
 # Does a table pay on the H200 (issue #18 item 6), after t1 (with training):
 #   carry [".stage/t3"]: bash .stage/t3/install_part.sh
 #   carry [".stage/t2"]: source benchmarks/gpu/device_env.sh && install_part2

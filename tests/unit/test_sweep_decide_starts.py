@@ -194,3 +194,8 @@ def test_the_reproducibility_script_can_run_one_sweep_now_and_the_other_later(mo
         with pytest.raises(SystemExit):
             repro.main(["--sim", "--out", str(out), "--work", str(work), *bad])
     assert ran == ["a", "b", "b", "b"]
+    # a serve-only call without both tables is an error, not a hint to run a sweep
+    (work / "sweep-b" / "routing_table.json").unlink()
+    assert repro.main(["--sim", "--out", str(out), "--work", str(work), "--sweeps", "none", "--reuse"]) == 1
+    assert "no table of sweep b" in json.loads((out / "reproducibility.json").read_text())["error"]
+    assert ran == ["a", "b", "b", "b"]
