@@ -48,6 +48,9 @@ from tuning.traffic import TrafficMix  # noqa: E402
 
 SEEDS = {"a": 0, "b": 1}
 GOAL = 0.03
+STOP_MARGIN_S = 150.0
+"""Seconds a sweep keeps, after its hard limit (``--stop-after-s``), before ``--sweep-timeout-s``: the round in
+progress (a fresh engine's first one holds its burn-in), the engines' stops, the reports and the table."""
 
 
 def spec_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
@@ -85,6 +88,8 @@ def sweep(tag: str, a: argparse.Namespace) -> dict[str, Any]:
         cmd += ["--burn-in-s", f"{a.burn_in_s:g}"]
     if a.baseline_memory_fraction is not None:
         cmd += ["--baseline-memory-fraction", f"{a.baseline_memory_fraction:g}"]
+    # The sweep stops its own rounds early enough to commit a table before the timeout kills it.
+    cmd += ["--stop-after-s", f"{max(a.time_budget_s, a.sweep_timeout_s - STOP_MARGIN_S):g}"]
     t = time.monotonic()
     proc = e2e.run(cmd, timeout=a.sweep_timeout_s, check=False, log_to=Path(a.out) / f"sweep_{tag}.log")
     out = {"run_dir": str(run_dir), "rc": proc.returncode, "wall_s": round(time.monotonic() - t, 1), "command": " ".join(cmd)}
@@ -201,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--serve-memory-fraction", type=float, default=0.02,
                    help="every served engine's memory fraction in the side-by-side part (both tables resident)")
     p.add_argument("--time-budget-s", type=float, default=900, help="per sweep: no trial starts its engine after it")
-    p.add_argument("--sweep-timeout-s", type=float, default=1500)
+    p.add_argument("--sweep-timeout-s", type=float, default=1500,
+                   help="per sweep: killed after it; its rounds stop STOP_MARGIN_S (150 s) before, so that it "
+                   "commits a table from what it measured (tuning.sweep --stop-after-s)")
     p.add_argument("--rounds", type=int, default=6, help="side-by-side rounds of the mix (alternating order)")
     p.add_argument("--warm-up-s", type=float, default=60,
                    help="each app drives the mix unmeasured for this long before the rounds (one pass at least)")

@@ -201,13 +201,30 @@ def test_incomplete_sweep_keeps_the_previous_table(tmp_path):
     assert good.read_text() == before
 
 
+def test_the_hard_limit_ends_the_sweep_with_a_table_from_the_rounds_measured(tmp_path):
+    """``--stop-after-s``: a caller with a deadline of its own (a GPU lease) gets a table, not a killed
+    sweep. Here every engine has far more rounds to run than the limit leaves: each stops before a round
+    once the limit has passed, and the table is chosen from the rounds it measured."""
+    from tuning.sweep import SweepError
+
+    spec = _spec(tmp_path, _space(num_draft_tokens=(2,)), sweep_id="limit", repeats=60)
+    with pytest.raises(SweepError, match="at least the time budget"):
+        run_sweep(spec, num_trials=2, time_budget_s=30, stop_after_s=20, live=False)
+    assert not Path(spec.run_dir).exists()  # refused before anything was written
+    out = run_sweep(spec, num_trials=2, stop_after_s=25, live=False)
+    assert out.error is None, out.error
+    rounds = out.results.output_throughput_repeats.map(lambda v: len(str(v).split(";")))
+    assert (out.results.status == "ok").all() and ((1 <= rounds) & (rounds < 60)).all(), rounds
+    assert (Path(spec.run_dir) / "routing_table.json").exists()
+
+
 def test_cli_help_explains_every_flag():
     r = subprocess.run([sys.executable, "-m", "tuning.sweep", "--help"], capture_output=True, text=True,
                        cwd=ROOT, timeout=120)
     assert r.returncode == 0
     for flag in ("--model", "--space", "--num-trials", "--time-budget-s", "--resume", "--address",
                  "--routing-table", "--max-tpot-ms", "--max-ttft-ms", "--objective", "--concurrency",
-                 "--share-gpu", "--serve-gpus"):
+                 "--share-gpu", "--serve-gpus", "--stop-after-s"):
         assert flag in r.stdout
 
 

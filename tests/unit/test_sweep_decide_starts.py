@@ -138,10 +138,14 @@ def test_the_reproducibility_script_passes_the_flag_to_its_sweeps(monkeypatch, t
     cmd = seen["cmd"]
     assert cmd[cmd.index("--decide-rounds") + 1] == "4" and cmd[cmd.index("--decide-starts") + 1] == "2"
     assert "--baseline-memory-fraction" not in cmd
+    assert cmd[cmd.index("--stop-after-s") + 1] == "10"  # never before the time budget
     args.baseline_memory_fraction = 0.06
+    args.sweep_timeout_s = 1260
     repro.sweep("a", args)
     cmd = seen["cmd"]
     assert cmd[cmd.index("--baseline-memory-fraction") + 1] == "0.06"
+    # the sweep's own hard limit leaves it the margin to commit a table before the timeout kills it
+    assert cmd[cmd.index("--stop-after-s") + 1] == f"{1260 - repro.STOP_MARGIN_S:g}"
 
 
 def test_the_reproducibility_script_can_run_one_sweep_now_and_the_other_later(monkeypatch, tmp_path):

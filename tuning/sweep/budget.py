@@ -1,10 +1,16 @@
-"""The sweep's budget: how many trials, and until when new trials may start.
+"""The sweep's budget: how many trials, until when new trials may start, and until when any measure.
 
-The sweep writes it to ``<run_dir>/budget.json`` (``--num-trials``, ``--time-budget-s``; a resume
-rewrites it) and reads it where the decisions are made: the searcher before each suggestion, and each
-trial right before it starts its engine. Tune creates trials ahead of the resources they wait for, so a
-trial suggested in time can get its GPU share long after the time budget ran out; the second check is
-what keeps ``--time-budget-s`` meaning "no new trial starts after this".
+The sweep writes it to ``<run_dir>/budget.json`` (``--num-trials``, ``--time-budget-s``,
+``--stop-after-s``; a resume rewrites it) and reads it where the decisions are made: the searcher before
+each suggestion, and each trial right before it starts its engine. Tune creates trials ahead of the
+resources they wait for, so a trial suggested in time can get its GPU share long after the time budget
+ran out; the second check is what keeps ``--time-budget-s`` meaning "no new trial starts after this".
+
+The time budget leaves a tail: engines started before it still measure, one at a time on a shared GPU
+(a decide phase starts several at once). ``--stop-after-s`` bounds the whole sweep: each engine checks
+it before every round (:func:`tuning.sweep.measure.measure_buckets`), stops there, and the sweep commits
+its table from the rounds measured, so a caller with a hard deadline of its own (a lease) gets a table
+rather than a killed sweep.
 """
 
 from __future__ import annotations
@@ -19,9 +25,11 @@ from typing import Any
 from orchestrator.errors import OrchestratorError
 from orchestrator.fsutil import atomic_write_text
 
-__all__ = ["BUDGET_FILE", "TimeBudgetSpent", "check_time_budget", "read_budget", "time_budget_spent", "write_budget"]
+__all__ = ["BUDGET_FILE", "STOPPED_AT_LIMIT", "TimeBudgetSpent", "check_time_budget", "read_budget", "stop_reached",
+           "time_budget_spent", "write_budget"]
 
 BUDGET_FILE = "budget.json"
+STOPPED_AT_LIMIT = "not measured: the sweep's hard limit (--stop-after-s) came before its first round"
 
 
 class TimeBudgetSpent(OrchestratorError):
@@ -32,10 +40,14 @@ class TimeBudgetSpent(OrchestratorError):
     other project errors into a failed trial's result lets this one through."""
 
 
-def write_budget(run_dir: str | Path, *, num_trials: int | None, time_budget_s: float | None) -> dict[str, Any]:
+def write_budget(run_dir: str | Path, *, num_trials: int | None, time_budget_s: float | None,
+                 stop_after_s: float | None = None) -> dict[str, Any]:
+    now = time.time()
     budget = {"num_trials": num_trials,
-              "deadline": (time.time() + time_budget_s) if time_budget_s else None,
-              "time_budget_s": time_budget_s, "written_at": time.time()}
+              "deadline": (now + time_budget_s) if time_budget_s else None,
+              "time_budget_s": time_budget_s,
+              "stop_at": (now + stop_after_s) if stop_after_s else None,
+              "stop_after_s": stop_after_s, "written_at": now}
     atomic_write_text(Path(run_dir) / BUDGET_FILE, json.dumps(budget, indent=2))
     return budget
 
@@ -52,6 +64,12 @@ def time_budget_spent(budget: Mapping[str, Any]) -> bool:
     """Whether ``budget`` (as :func:`read_budget` returns it) has a time budget, and it has run out."""
     deadline = budget.get("deadline")
     return deadline is not None and time.time() >= deadline
+
+
+def stop_reached(budget: Mapping[str, Any]) -> bool:
+    """Whether ``budget`` has a hard limit (``--stop-after-s``), and it has been reached: no round starts."""
+    stop_at = budget.get("stop_at")
+    return stop_at is not None and time.time() >= stop_at
 
 
 def check_time_budget(run_dir: str | Path) -> None:

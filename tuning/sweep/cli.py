@@ -117,6 +117,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--num-trials", type=int, help="trials in total, baselines included (default from defaults.yaml)")
     r.add_argument("--time-budget-s", type=float, help="no new trial starts after this many seconds (running "
                    "trials finish)")
+    r.add_argument("--stop-after-s", type=float, help="no round of any engine starts after this many seconds: "
+                   "engines stop where they are and the table is chosen from the rounds measured (for a caller "
+                   "with a deadline of its own; at least --time-budget-s)")
     r.add_argument("--objective", choices=["scalar", "multi"], help="scalar: mean log throughput over buckets; "
                    "multi: one objective per bucket (multi-objective TPE)")
     r.add_argument("--seed", type=int, help="TPE seed")
@@ -222,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tuning.sweep.summary import print_summary
 
         outcome = run_sweep(spec, num_trials=num_trials, time_budget_s=args.time_budget_s, resume=resume,
-                            live=not args.no_live, commit_to=(), traffic=traffic)
+                            live=not args.no_live, commit_to=(), traffic=traffic, stop_after_s=args.stop_after_s)
         print_summary(outcome, console=console, traffic=traffic)
         # A table that could not be committed everywhere it was asked for (e.g. the serving path)
         # is a failed sweep too: the caller must not go on to deploy from that path.

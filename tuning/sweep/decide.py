@@ -111,7 +111,7 @@ def decide_phase(spec: Any, rows: list[ResultRow], results: Any,
     leaves the results as they were, with a note saying why: the sweep's own measurements and table never
     depend on it."""
     from tuning.results import results_frame
-    from tuning.sweep.budget import BUDGET_FILE, read_budget, time_budget_spent
+    from tuning.sweep.budget import BUDGET_FILE, read_budget, stop_reached, time_budget_spent
     from tuning.sweep.choose import pick_for
     from tuning.sweep.provenance import provenance_for
 
@@ -129,7 +129,8 @@ def decide_phase(spec: Any, rows: list[ResultRow], results: Any,
             plan = plan_next(results)
             if plan is None:
                 break
-            if time_budget_spent(read_budget(Path(spec.run_dir) / BUDGET_FILE)):
+            budget = read_budget(Path(spec.run_dir) / BUDGET_FILE)
+            if time_budget_spent(budget) or stop_reached(budget):
                 notes.append(f"decide: {plan.describe()} wanted, not run: the time budget was spent")
                 break
             planned.update((u.bucket, u.band, u.in_flight) for u in plan.undecided)

@@ -11,6 +11,7 @@ sweep learns the config is bad and goes on.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,10 +23,12 @@ from orchestrator.errors import ConfigError, EngineError, OrchestratorError
 from orchestrator.hostinfo import busy_share, cpu_times
 from tuning.buckets import Bucket
 from tuning.drive.summary import MAX_LAG_SHARE
-from tuning.sweep.budget import TimeBudgetSpent
+from tuning.sweep.budget import STOPPED_AT_LIMIT, TimeBudgetSpent
 
 __all__ = ["MeasurePlan", "Measurements", "burn_in_until", "failure_reason", "measure_buckets", "measure_config",
            "measure_steps", "representative_run", "sim_lag_share", "sim_loop_counters"]
+
+logger = logging.getLogger(__name__)
 
 Guard = Callable[[], contextlib.AbstractContextManager[Any]]
 Measurements = dict[tuple[Any, ...], dict[str, Any]]
@@ -112,6 +115,7 @@ def measure_config(
     gpus: Sequence[int] | None = None,
     startup_guard: Guard | None = None,
     measure_guard: Guard | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> tuple[Measurements, str, float | None]:
     """Start one engine, run every bucket x load level against it as ``plan`` says, stop it.
 
@@ -120,7 +124,8 @@ def measure_config(
     ``plan.repeats`` (engines sharing a GPU: start side by side, measure one at a time, never while a
     neighbour starts; with a fair guard their rounds interleave). The two are never held together, so
     a caller waiting for one never holds the other. ``startup_s`` counts from the
-    engine's start, not from the wait for ``startup_guard``.
+    engine's start, not from the wait for ``startup_guard``. ``should_stop``: the sweep's hard limit, asked
+    before each round (:func:`measure_buckets`).
 
     Returns ``(measurements, failure, startup_s)``: ``BenchResult`` dicts by (bucket, concurrency),
     the reason the engine failed ('' if it did not), and the engine's start-up time in seconds
@@ -152,7 +157,7 @@ def measure_config(
         # this engine's teardown, and a neighbour's start-up (which sizes its KV cache from the GPU
         # memory free at that moment) sees this engine's memory already released.
         failure = measure_buckets(engine, config, buckets, plan, measurements=measurements, tokenizer=tokenizer,
-                                  round_guard=measure_guard, on_last_round=engine.stop)
+                                  round_guard=measure_guard, on_last_round=engine.stop, should_stop=should_stop)
         return measurements, failure, startup_s
     finally:
         engine.stop()
@@ -214,7 +219,8 @@ def burn_in_until(steps: Sequence[tuple[Bucket, int, float, bool]], seconds: flo
 
 def measure_buckets(engine: Any, config: EngineConfig, buckets: Sequence[Bucket], plan: MeasurePlan, *,
                     measurements: Measurements, tokenizer: Any = None, round_guard: Guard | None = None,
-                    on_last_round: Callable[[], None] | None = None) -> str:
+                    on_last_round: Callable[[], None] | None = None,
+                    should_stop: Callable[[], bool] | None = None) -> str:
     """Every bucket x load level against the ready ``engine`` into ``measurements``, in ``plan.repeats``
     rounds (each round runs every point once; the burn-in, if ``plan.burn_in``, leads the first, for at
     least ``plan.burn_in_s``);
@@ -226,14 +232,30 @@ def measure_buckets(engine: Any, config: EngineConfig, buckets: Sequence[Bucket]
     that share a GPU take turns (with the sweep's fair lease their rounds interleave, so configs are
     compared round by round, not one engine's good minute against another's bad one).
     ``on_last_round`` runs inside the last round's guard, after its measurements or a failure (the
-    caller stops the engine there)."""
+    caller stops the engine there).
+
+    ``should_stop`` (the sweep's hard limit, ``--stop-after-s``) is asked before each round: once it says
+    stop, no further round starts, and ``on_last_round`` runs under one more hold of the guard. The points
+    measured in every round that ran count, so a sweep at its limit still commits what it measured, on
+    fewer rounds (each row's throughputs say how many). Stopped before the first round, nothing was
+    measured: that is the failure returned."""
     from tuning.bench import benchmark
 
     steps = measure_steps(buckets, burn_in=plan.burn_in)
     simulated = config.backend is Backend.SIM
     runs: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     failure = ""
+    rounds = plan.repeats
     for rnd in range(plan.repeats):
+        if should_stop is not None and should_stop():
+            rounds = rnd
+            logger.warning("the sweep's hard limit: %s stops after %d of %d rounds", config.label(), rnd, plan.repeats)
+            if rnd == 0:
+                failure = STOPPED_AT_LIMIT
+            if on_last_round is not None:
+                with round_guard() if round_guard is not None else contextlib.nullcontext():
+                    on_last_round()
+            break
         last = rnd == plan.repeats - 1
         with round_guard() if round_guard is not None else contextlib.nullcontext():
             for b, c, t, measured in (burn_in_until(steps, plan.burn_in_s) if rnd == 0 else steps):
@@ -271,9 +293,10 @@ def measure_buckets(engine: Any, config: EngineConfig, buckets: Sequence[Bucket]
                 on_last_round()
         if failure:
             break
-    # A point measured in every round counts; one cut short by a failure does not (as before rounds).
+    # A point measured in every round counts (every round that ran, where the hard limit cut the rounds);
+    # one cut short by a failure does not (as before rounds).
     for key, point_runs in runs.items():
-        if len(point_runs) == plan.repeats:
+        if len(point_runs) == rounds:
             measurements[key] = representative_run(point_runs)
     return failure
 

@@ -137,6 +137,7 @@ def run_sweep(
     live: bool = True,
     commit_to: Sequence[str | Path] = (),
     traffic: Any = None,
+    stop_after_s: float | None = None,
 ) -> SweepOutcome:
     """Run (or resume) a sweep on the Ray cluster this process is connected to; write results and the
     routing table (its replicas planned for ``traffic``, a :class:`tuning.traffic.TrafficMix`, when the
@@ -149,12 +150,16 @@ def run_sweep(
 
     if not ray.is_initialized():
         raise SweepError("Ray is not initialised; call ray.init() (the CLI does this) before run_sweep")
+    if stop_after_s is not None and (stop_after_s <= 0 or (time_budget_s and stop_after_s < time_budget_s)):
+        raise SweepError(f"stop_after_s={stop_after_s:g} must be > 0 and at least the time budget "
+                         f"({time_budget_s:g} s): it stops the rounds of engines the budget let start"
+                         if time_budget_s else f"stop_after_s={stop_after_s:g} must be > 0")
     t0 = time.monotonic()
     run_dir = Path(spec.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     exp_path = run_dir / EXPERIMENT_NAME
     (run_dir / "sweep.json").write_text(json.dumps(spec.to_dict(), indent=2))
-    write_budget(run_dir, num_trials=num_trials, time_budget_s=time_budget_s)
+    write_budget(run_dir, num_trials=num_trials, time_budget_s=time_budget_s, stop_after_s=stop_after_s)
 
     namespace = ray.get_runtime_context().namespace
     cache_name = f"mtp-sweep-cache-{spec.sweep_id}-{uuid.uuid4().hex[:6]}"

@@ -27,7 +27,7 @@ from orchestrator.errors import ConfigError, OrchestratorError
 from tuning.buckets import Bucket
 from tuning.results import STATUS_FAILED, STATUS_OK, failed_rows, rows_for_trial
 from tuning.sweep.actors import cached_copy, measure_lease, startup_lease
-from tuning.sweep.budget import TimeBudgetSpent, check_time_budget
+from tuning.sweep.budget import BUDGET_FILE, TimeBudgetSpent, check_time_budget, read_budget, stop_reached
 from tuning.sweep.measure import MeasurePlan, failure_reason, measure_config
 from tuning.sweep.records import ResultRow, TrialReport
 from tuning.sweep.space import ROLE_SEARCH, SearchSpace
@@ -158,7 +158,8 @@ def _measure(config: EngineConfig, context: TrialContext, trial_id: str, role: s
         measure_guard = functools.partial(measure_lease, lease, gpu_keys, trial_id)
     measurements, failure, startup_s = measure_config(
         config, context.buckets, context.plan, log_dir=Path(context.run_dir) / "engine-logs" / trial_id, gpus=gpus,
-        startup_guard=_within_time_budget(context.run_dir, startup_guard), measure_guard=measure_guard)
+        startup_guard=_within_time_budget(context.run_dir, startup_guard), measure_guard=measure_guard,
+        should_stop=lambda: stop_reached(read_budget(Path(context.run_dir) / BUDGET_FILE)))
     rows = rows_for_trial(sweep_id=context.sweep_id, trial_id=trial_id, role=role, config=config,
                           buckets=context.buckets, measurements=measurements, failure=failure,
                           engine_startup_s=startup_s)
