@@ -110,6 +110,27 @@ def test_a_baseline_that_duplicates_a_measured_config_lets_no_search_trial_past_
     assert searcher.suggest("t2")["role"] == ROLE_SEARCH
 
 
+def test_past_the_hard_limit_no_trial_is_suggested_or_started(tmp_path, model_dir):
+    """``--stop-after-s`` also ends what the time budget ends: the searcher suggests nothing more and a
+    trial that gets its resources after the limit does not start its engine (a resume runs it)."""
+    import time
+
+    from ray.tune.search import Searcher
+
+    from tuning.sweep.budget import StoppedAtLimit, check_time_budget, write_budget
+
+    spec, generator = _search_alg(tmp_path, model_dir, share_gpu=False)
+    searcher = generator.searcher
+    searcher.set_search_properties("score", "max", {})
+    assert searcher.suggest("t1") not in (None, Searcher.FINISHED)
+    check_time_budget(tmp_path / "r")  # within every limit: no error
+    write_budget(tmp_path / "r", num_trials=8, time_budget_s=None, stop_after_s=0.01)
+    time.sleep(0.05)
+    assert searcher.suggest("t2") == Searcher.FINISHED
+    with pytest.raises(StoppedAtLimit, match="hard limit .*--resume"):
+        check_time_budget(tmp_path / "r")
+
+
 def test_shared_sweep_counts_the_baselines_fraction_in_how_many_run_at_once(tmp_path, model_dir):
     """A decide phase starts several engines of the baselines at once: at a small baseline fraction as many
     run together as their reservations fit, whatever the searched fractions."""

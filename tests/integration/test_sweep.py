@@ -207,14 +207,14 @@ def test_the_hard_limit_ends_the_sweep_with_a_table_from_the_rounds_measured(tmp
     once the limit has passed, and the table is chosen from the rounds it measured."""
     from tuning.sweep import SweepError
 
-    spec = _spec(tmp_path, _space(num_draft_tokens=(2,)), sweep_id="limit", repeats=60)
+    spec = _spec(tmp_path, _space(num_draft_tokens=(2,)), sweep_id="limit", repeats=1000)
     with pytest.raises(SweepError, match="at least the time budget"):
         run_sweep(spec, num_trials=2, time_budget_s=30, stop_after_s=20, live=False)
     assert not Path(spec.run_dir).exists()  # refused before anything was written
     out = run_sweep(spec, num_trials=2, stop_after_s=25, live=False)
     assert out.error is None, out.error
     rounds = out.results.output_throughput_repeats.map(lambda v: len(str(v).split(";")))
-    assert (out.results.status == "ok").all() and ((1 <= rounds) & (rounds < 60)).all(), rounds
+    assert (out.results.status == "ok").all() and ((1 <= rounds) & (rounds < 1000)).all(), rounds
     assert (Path(spec.run_dir) / "routing_table.json").exists()
 
 

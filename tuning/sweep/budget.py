@@ -25,11 +25,10 @@ from typing import Any
 from orchestrator.errors import OrchestratorError
 from orchestrator.fsutil import atomic_write_text
 
-__all__ = ["BUDGET_FILE", "STOPPED_AT_LIMIT", "TimeBudgetSpent", "check_time_budget", "read_budget", "stop_reached",
+__all__ = ["BUDGET_FILE", "StoppedAtLimit", "TimeBudgetSpent", "check_time_budget", "read_budget", "stop_reached",
            "time_budget_spent", "write_budget"]
 
 BUDGET_FILE = "budget.json"
-STOPPED_AT_LIMIT = "not measured: the sweep's hard limit (--stop-after-s) came before its first round"
 
 
 class TimeBudgetSpent(OrchestratorError):
@@ -38,6 +37,12 @@ class TimeBudgetSpent(OrchestratorError):
     Raised out of the trial, so Tune records the trial as errored: it has no result, and a resumed
     sweep (``--resume``, which restarts errored trials) runs it under the new budget. Code that turns
     other project errors into a failed trial's result lets this one through."""
+
+
+class StoppedAtLimit(TimeBudgetSpent):
+    """The sweep's hard limit (``--stop-after-s``) came before a started engine's first round: nothing was
+    measured. Like a start the time budget refused, the trial ends errored without a result (it is no
+    result about the config), and a resumed sweep runs it."""
 
 
 def write_budget(run_dir: str | Path, *, num_trials: int | None, time_budget_s: float | None,
@@ -73,8 +78,13 @@ def stop_reached(budget: Mapping[str, Any]) -> bool:
 
 
 def check_time_budget(run_dir: str | Path) -> None:
-    """Raise :class:`TimeBudgetSpent` if the sweep's time budget has run out (no new engine may start)."""
+    """Raise :class:`TimeBudgetSpent` if the sweep's time budget has run out, or its hard limit has been
+    reached (no new engine may start)."""
     budget = read_budget(Path(run_dir) / BUDGET_FILE)
+    if stop_reached(budget):
+        raise StoppedAtLimit(
+            f"not started: the sweep's hard limit (--stop-after-s {budget.get('stop_after_s'):g}) was reached before "
+            "this trial got its resources; --resume RUN_DIR runs it")
     if time_budget_spent(budget):
         ran_out = _dt.datetime.fromtimestamp(budget["deadline"], _dt.timezone.utc).strftime("%H:%M:%S UTC")
         raise TimeBudgetSpent(

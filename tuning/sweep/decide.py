@@ -131,7 +131,9 @@ def decide_phase(spec: Any, rows: list[ResultRow], results: Any,
                 break
             budget = read_budget(Path(spec.run_dir) / BUDGET_FILE)
             if time_budget_spent(budget) or stop_reached(budget):
-                notes.append(f"decide: {plan.describe()} wanted, not run: the time budget was spent")
+                why = ("the hard limit (--stop-after-s) was reached" if stop_reached(budget)
+                       else "the time budget was spent")
+                notes.append(f"decide: {plan.describe()} wanted, not run: {why}")
                 break
             planned.update((u.bucket, u.band, u.in_flight) for u in plan.undecided)
             print(f"decide: {plan.describe()} ...", file=sys.stderr, flush=True)  # engine starts: minutes on GPUs

@@ -23,7 +23,7 @@ from orchestrator.errors import ConfigError, EngineError, OrchestratorError
 from orchestrator.hostinfo import busy_share, cpu_times
 from tuning.buckets import Bucket
 from tuning.drive.summary import MAX_LAG_SHARE
-from tuning.sweep.budget import STOPPED_AT_LIMIT, TimeBudgetSpent
+from tuning.sweep.budget import StoppedAtLimit, TimeBudgetSpent
 
 __all__ = ["MeasurePlan", "Measurements", "burn_in_until", "failure_reason", "measure_buckets", "measure_config",
            "measure_steps", "representative_run", "sim_lag_share", "sim_loop_counters"]
@@ -234,61 +234,69 @@ def measure_buckets(engine: Any, config: EngineConfig, buckets: Sequence[Bucket]
     ``on_last_round`` runs inside the last round's guard, after its measurements or a failure (the
     caller stops the engine there).
 
-    ``should_stop`` (the sweep's hard limit, ``--stop-after-s``) is asked before each round: once it says
-    stop, no further round starts, and ``on_last_round`` runs under one more hold of the guard. The points
-    measured in every round that ran count, so a sweep at its limit still commits what it measured, on
-    fewer rounds (each row's throughputs say how many). Stopped before the first round, nothing was
-    measured: that is the failure returned."""
+    ``should_stop`` (the sweep's hard limit, ``--stop-after-s``) is asked at the start of each round, once
+    the guard is held (on a shared GPU the wait for it can outlast the limit): once it says stop, the round
+    does not run and ``on_last_round`` runs under that hold instead. The points measured in every round
+    that ran count, so a sweep at its limit still commits what it measured, on fewer rounds (each row's
+    throughputs say how many). Stopped before the first round, nothing was measured:
+    :class:`~tuning.sweep.budget.StoppedAtLimit` is raised (like a start the time budget refused, the trial
+    then ends without a result, and a resumed sweep runs it)."""
     from tuning.bench import benchmark
 
     steps = measure_steps(buckets, burn_in=plan.burn_in)
     simulated = config.backend is Backend.SIM
     runs: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+
+    def run_round(rnd: int) -> str:
+        """One round of every point (led by the burn-in in the first); the failure, '' if none."""
+        for b, c, t, measured in (burn_in_until(steps, plan.burn_in_s) if rnd == 0 else steps):
+            if not measured and rnd > 0:
+                continue
+            what = f"bucket {b.name}" if measured else f"the burn-in run of bucket {b.name}"
+            if t != b.primary_temperature:
+                what += f" at temperature {t:g}"
+            rule = plan.steady_state_rule(b) if measured else None
+            try:
+                for again in range(1 + (plan.sim_remeasure if simulated and measured else 0)):
+                    host_before = cpu_times()
+                    sim_before = sim_loop_counters(engine.base_url) if simulated and measured else None
+                    run = benchmark(engine.base_url, b.workload_at(c, t), engine_config=config,
+                                    steady_state=rule, request_timeout_s=plan.request_timeout_s,
+                                    tokenizer=tokenizer).to_dict()
+                    run["host_cpu_busy"] = busy_share(host_before, cpu_times())
+                    if sim_before is not None:
+                        run["sim_lag_share"] = sim_lag_share(sim_before, sim_loop_counters(engine.base_url),
+                                                             run.get("duration_s"))
+                        run["sim_remeasured"] = again
+                    if not (run.get("sim_lag_share") or 0.0) > MAX_LAG_SHARE:
+                        break
+                engine.check_health()
+            except EngineError as e:
+                return failure_reason(f"engine failed during {what} (concurrency {c})", e)
+            except OrchestratorError as e:  # bench could not run at all (server unreachable...)
+                return failure_reason(f"engine died during {what}" if not engine.is_alive()
+                                      else f"benchmark of {what} failed", e)
+            if measured:
+                runs.setdefault(b.measurement_key(c, t), []).append(run)
+        return ""
+
     failure = ""
     rounds = plan.repeats
     for rnd in range(plan.repeats):
-        if should_stop is not None and should_stop():
-            rounds = rnd
-            logger.warning("the sweep's hard limit: %s stops after %d of %d rounds", config.label(), rnd, plan.repeats)
-            if rnd == 0:
-                failure = STOPPED_AT_LIMIT
-            if on_last_round is not None:
-                with round_guard() if round_guard is not None else contextlib.nullcontext():
-                    on_last_round()
-            break
         last = rnd == plan.repeats - 1
         with round_guard() if round_guard is not None else contextlib.nullcontext():
-            for b, c, t, measured in (burn_in_until(steps, plan.burn_in_s) if rnd == 0 else steps):
-                if not measured and rnd > 0:
-                    continue
-                what = f"bucket {b.name}" if measured else f"the burn-in run of bucket {b.name}"
-                if t != b.primary_temperature:
-                    what += f" at temperature {t:g}"
-                rule = plan.steady_state_rule(b) if measured else None
-                try:
-                    for again in range(1 + (plan.sim_remeasure if simulated and measured else 0)):
-                        host_before = cpu_times()
-                        sim_before = sim_loop_counters(engine.base_url) if simulated and measured else None
-                        run = benchmark(engine.base_url, b.workload_at(c, t), engine_config=config,
-                                        steady_state=rule, request_timeout_s=plan.request_timeout_s,
-                                        tokenizer=tokenizer).to_dict()
-                        run["host_cpu_busy"] = busy_share(host_before, cpu_times())
-                        if sim_before is not None:
-                            run["sim_lag_share"] = sim_lag_share(sim_before, sim_loop_counters(engine.base_url),
-                                                                 run.get("duration_s"))
-                            run["sim_remeasured"] = again
-                        if not (run.get("sim_lag_share") or 0.0) > MAX_LAG_SHARE:
-                            break
-                    engine.check_health()
-                except EngineError as e:
-                    failure = failure_reason(f"engine failed during {what} (concurrency {c})", e)
-                except OrchestratorError as e:  # bench could not run at all (server unreachable...)
-                    failure = failure_reason(f"engine died during {what}" if not engine.is_alive()
-                                             else f"benchmark of {what} failed", e)
-                if failure:
-                    break
-                if measured:
-                    runs.setdefault(b.measurement_key(c, t), []).append(run)
+            # Asked once the GPU is this engine's: on a shared GPU the wait for it can outlast the limit.
+            if should_stop is not None and should_stop():
+                rounds = rnd
+                logger.warning("the sweep's hard limit: %s stops after %d of %d rounds", config.label(), rnd,
+                               plan.repeats)
+                if on_last_round is not None:
+                    on_last_round()
+                if rnd == 0:
+                    raise StoppedAtLimit(f"{config.label()} was not measured: the sweep's hard limit "
+                                         "(--stop-after-s) came before its first round; --resume RUN_DIR runs it")
+                break
+            failure = run_round(rnd)
             if (last or failure) and on_last_round is not None:
                 on_last_round()
         if failure:

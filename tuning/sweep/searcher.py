@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import ConfigError
-from tuning.sweep.budget import BUDGET_FILE, read_budget, time_budget_spent
+from tuning.sweep.budget import BUDGET_FILE, read_budget, stop_reached, time_budget_spent
 from tuning.sweep.space import ROLE_SEARCH, SearchSpace
 
 __all__ = ["BudgetedSearch", "ResumableSearchGenerator", "build_search_alg", "open_study", "study_name"]
@@ -81,7 +81,7 @@ class BudgetedSearch(Searcher):
 
     def suggest(self, trial_id: str) -> dict | None:
         budget = read_budget(self.budget_path)
-        if time_budget_spent(budget):
+        if time_budget_spent(budget) or stop_reached(budget):
             return Searcher.FINISHED
         if trial_id in self.configs:  # asked again for a trial it already has a config for
             return dict(self.configs[trial_id])
