@@ -61,6 +61,18 @@ def spec_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return [f"{k}: {a.get(k)!r} vs {b.get(k)!r}"[:200] for k in sorted((set(a) | set(b)) - own) if a.get(k) != b.get(k)]
 
 
+def _noise(text: str) -> tuple[float, float]:
+    """``START_SD,SD`` for ``--sim-noise``."""
+    from orchestrator.sim.noise import EngineNoise
+
+    try:
+        start_sd, sd = (float(x) for x in text.split(","))
+        EngineNoise(start_sd=start_sd, sd=sd)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: two log sds START_SD,SD in [0, 2] ({e})") from None
+    return start_sd, sd
+
+
 def _later_call(argv: list[str], tags: list[str]) -> list[str]:
     """``argv`` for the call that runs sweeps ``tags``: its ``--sweeps``, ``--work`` and ``--reuse`` left out
     (the caller names the new ones)."""
@@ -89,6 +101,14 @@ def sweep(tag: str, a: argparse.Namespace) -> dict[str, Any]:
         cmd += ["--burn-in-s", f"{a.burn_in_s:g}"]
     if a.baseline_memory_fraction is not None:
         cmd += ["--baseline-memory-fraction", f"{a.baseline_memory_fraction:g}"]
+    if a.sim and a.sim_noise:  # every simulated engine of the space varies (its flags, beside the defaults')
+        from tuning.sweep.spec import load_defaults
+
+        flags = [*load_defaults().get("sim", {}).get("space", {}).get("extra_flags", []),
+                 "--noise-start-sd", f"{a.sim_noise[0]:g}", "--noise-sd", f"{a.sim_noise[1]:g}"]
+        space = Path(a.work) / f"space-{tag}.json"  # JSON is YAML: the sweep's --space reads it
+        space.write_text(json.dumps({"extra_flags": flags}))
+        cmd += ["--space", str(space)]
     # The sweep stops its own rounds early enough to commit a table before the timeout kills it.
     cmd += ["--stop-after-s", f"{max(a.time_budget_s, a.sweep_timeout_s - STOP_MARGIN_S):g}"]
     t = time.monotonic()
@@ -171,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--work", default="/root/repro")
     p.add_argument("--sim", action="store_true", help="the same flow on simulated engines (no GPU)")
+    p.add_argument("--sim-noise", type=_noise, default=None, metavar="START_SD,SD",
+                   help="with --sim: simulated engines that vary as GPU engines do, by a log sd per engine start "
+                   "and one per 5 simulated seconds (e.g. 0.05,0.1), so that the decide phase and the hard limit "
+                   "run as on the GPU")
     p.add_argument("--reuse", action="store_true", help="keep a sweep whose table is already in --work (a later call)")
     p.add_argument("--sweeps", default="a,b", help="which sweeps to run now (a, b or both; none: only the side by "
                    "side, of tables already in --work, with --reuse): one per lease where a sweep with a long "
@@ -219,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                         if t.strip()))
     if (not run_now and a.sweeps.strip() != "none") or any(t not in SEEDS for t in run_now):
         p.error(f"--sweeps {a.sweeps!r}: a comma list of {', '.join(SEEDS)}, or none")
+    if a.sim_noise and not a.sim:
+        p.error("--sim-noise varies simulated engines: it needs --sim")
     if not run_now and not a.reuse:
         p.error("--sweeps none serves the tables of earlier calls: it needs --reuse (and both in --work)")
     if not run_now and a.no_side_by_side:

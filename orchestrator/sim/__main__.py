@@ -21,6 +21,7 @@ from orchestrator.sim.model import (
     SimOutOfMemory,
     load_profile,
 )
+from orchestrator.sim.noise import EngineNoise
 
 FAULT_KINDS = ("none", "crash-at-start", "never-ready", "oom-at-start", "crash-after", "hang-after")
 log = logging.getLogger("orchestrator.sim")
@@ -62,6 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fault", type=_fault, default="none")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--startup-delay", type=float, default=0.0, help="simulated seconds before serving")
+    n = p.add_argument_group("run-to-run variation (off by default; the figures stay simulated)")
+    n.add_argument("--noise-start-sd", type=float, default=0.0,
+                   help="log sd of a factor on every iteration's time, drawn once per engine start")
+    n.add_argument("--noise-sd", type=float, default=0.0,
+                   help="log sd of a factor on iteration time drawn afresh every --noise-window-s")
+    n.add_argument("--noise-window-s", type=float, default=5.0, help="simulated seconds one such factor lasts")
+    n.add_argument("--noise-seed", type=int, default=None,
+                   help="fixed draws (default: fresh at every start, as two GPU starts differ)")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -96,14 +105,19 @@ def main(argv: list[str] | None = None) -> int:
         from orchestrator.sim.server import SimEngine  # aiohttp import only when serving
 
         asyncio.set_event_loop(loop := asyncio.new_event_loop())
-        engine = SimEngine(profile, params, time_scale=args.time_scale, seed=args.seed, model_name=args.model_name)
+        noise = EngineNoise(start_sd=args.noise_start_sd, sd=args.noise_sd, window_s=args.noise_window_s,
+                            seed=args.noise_seed)
+        engine = SimEngine(profile, params, time_scale=args.time_scale, seed=args.seed, model_name=args.model_name,
+                           noise=noise)
     except SimOutOfMemory as exc:
         log.error("torch.OutOfMemoryError: %s", exc)
         return 1
-    except SimModelError as exc:
+    except (SimModelError, ValueError) as exc:  # ValueError: a noise setting out of range
         log.error("%s", exc)
         return 2
     log.info("engine: %s", engine.model.describe())
+    if engine.noise:
+        log.info("simulated run-to-run variation: %s", engine.noise.to_dict())
     if fault == "never-ready":
         log.warning("simulated fault never-ready: process stays alive and never serves")
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

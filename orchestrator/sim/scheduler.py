@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -80,8 +81,11 @@ class StepResult:
 class Scheduler:
     """FIFO continuous batching over a :class:`PerformanceModel`."""
 
-    def __init__(self, model: PerformanceModel) -> None:
+    def __init__(self, model: PerformanceModel, *, slowdown: Callable[[float], float] | None = None) -> None:
+        """``slowdown``: a factor on each iteration's time by its simulated start (run-to-run variation,
+        :meth:`orchestrator.sim.noise.EngineNoise.slowdown`); none: the model's times exactly."""
         self.model = model
+        self.slowdown = slowdown
         self.waiting: deque[SimRequest] = deque()
         self.prefilling: list[SimRequest] = []
         self.decoding: list[SimRequest] = []
@@ -152,6 +156,8 @@ class Scheduler:
         n_seqs = len(self.decoding)
         duration = (model.prefill_time(prefill_tokens, attention_work)
                     + model.decode_time(n_seqs, self.decode_context, num_sampled=self.decode_sampled))
+        if self.slowdown is not None:
+            duration *= self.slowdown(now)
         end = now + duration
         result = StepResult(duration, [], prefill_tokens=prefill_tokens, decode_seqs=n_seqs)
         emissions = result.emissions

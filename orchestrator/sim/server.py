@@ -29,6 +29,7 @@ from orchestrator.config import API_DEFAULT_TEMPERATURE, Backend
 from orchestrator.ports import host_boot_id
 from orchestrator.sim import textmodel, tokenizer
 from orchestrator.sim.model import EngineParams, PerformanceModel, Profile
+from orchestrator.sim.noise import EngineNoise
 from orchestrator.sim.scheduler import Scheduler, SimRequest, make_request
 
 __all__ = ["SimEngine", "build_app", "delivery_quantum_s", "OpenAIError"]
@@ -80,11 +81,12 @@ class SimEngine:
     """Owns the scheduler, the scaled clock, the engine loop and the counters /metrics reports."""
 
     def __init__(self, profile: Profile, params: EngineParams, *, time_scale: float = 1.0, seed: int = 0,
-                 model_name: str | None = None) -> None:
+                 model_name: str | None = None, noise: EngineNoise | None = None) -> None:
         self.profile = profile
         self.params = params
         self.model = PerformanceModel(profile, params)  # raises SimOutOfMemory
-        self.scheduler = Scheduler(self.model)
+        self.noise = noise if noise is not None and noise.active else None
+        self.scheduler = Scheduler(self.model, slowdown=self.noise.slowdown() if self.noise else None)
         self.time_scale = float(time_scale)
         self.delivery_quantum_s = delivery_quantum_s(self.time_scale)
         self.seed = seed
@@ -287,6 +289,7 @@ class SimEngine:
             "boot_id": host_boot_id(),
             "config": asdict(self.params),
             "engine": self.model.describe(),
+            "noise": self.noise.to_dict() if self.noise else None,  # run-to-run variation, when asked for
             "simulated_time_s": round(self.now(), 6),
             "simulated_timestamp": self.sim_timestamp(),
             "counters": dict(self.counters),

@@ -2,6 +2,7 @@
 plan, and the flag's way from the command line into the spec."""
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -132,7 +133,7 @@ def test_the_reproducibility_script_passes_the_flag_to_its_sweeps(monkeypatch, t
     args = type("A", (), {"work": str(tmp_path), "reuse": False, "num_trials": 2, "time_budget_s": 10,
                           "temperatures": "0,0.8", "traffic_mix": "mix.yaml", "decide_rounds": 4,
                           "decide_starts": 2, "burn_in_s": None, "sim": True, "sweep_timeout_s": 5,
-                          "baseline_memory_fraction": None,
+                          "baseline_memory_fraction": None, "sim_noise": None,
                           "out": str(tmp_path)})()
     repro.sweep("a", args)
     cmd = seen["cmd"]
@@ -146,6 +147,14 @@ def test_the_reproducibility_script_passes_the_flag_to_its_sweeps(monkeypatch, t
     assert cmd[cmd.index("--baseline-memory-fraction") + 1] == "0.06"
     # the sweep's own hard limit leaves it the margin to commit a table before the timeout kills it
     assert cmd[cmd.index("--stop-after-s") + 1] == f"{1260 - repro.STOP_MARGIN_S:g}"
+    assert "--space" not in cmd
+    args.sim_noise = (0.05, 0.1)  # simulated engines that vary: the flags reach every engine of the space
+    repro.sweep("a", args)
+    cmd = seen["cmd"]
+    flags = json.loads(Path(cmd[cmd.index("--space") + 1]).read_text())["extra_flags"]
+    assert flags[-4:] == ["--noise-start-sd", "0.05", "--noise-sd", "0.1"] and "--startup-delay" in flags
+    with pytest.raises(argparse.ArgumentTypeError):
+        repro._noise("0.05")
 
 
 def test_the_reproducibility_script_can_run_one_sweep_now_and_the_other_later(monkeypatch, tmp_path):
