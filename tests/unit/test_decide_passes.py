@@ -104,8 +104,21 @@ def test_a_pass_that_measures_nothing_ends_the_phase(tmp_path):
 
     all_rows, _, note = decide_phase(spec, rows, results_frame(rows), nothing)
     assert len(calls) == 1 and all_rows == rows
-    assert note is not None and note.endswith("measured again: none (0 rows)")
+    assert note is not None and note.endswith("measured again: none (0 rows; none of 2 starts reported)")
     assert MAX_DECIDE_PASSES >= 2
+
+
+def test_the_note_says_what_a_cut_pass_measured(tmp_path):
+    """Starts that the time budget kept from starting, or rounds that the hard limit (``--stop-after-s``)
+    cut: the note says how much of the plan was measured; a pass measured in full says nothing more."""
+    spec = _spec(tmp_path, rounds=4, starts=2)
+    rows = _rows(spec, FIRST)
+    cut = Engines(spec, [{ROLE_MTP_OFF: {("le1024", 0.8): [1025]}, ROLE_STATIC: {("le1024", 0.8): [1005]}}])
+    _, _, note = decide_phase(spec, rows, results_frame(rows), cut)
+    assert note is not None and note.endswith("(4 rows; 4 of 4 starts, 1 of 2 rounds each)")
+    full = Engines(spec, [{ROLE_MTP_OFF: {("le1024", 0.8): [1025, 1055]}, ROLE_STATIC: {("le1024", 0.8): [1005, 1025]}}])
+    _, _, note = decide_phase(spec, rows, results_frame(rows), full)
+    assert note is not None and note.endswith("(4 rows)")
 
 
 def test_a_failing_pass_leaves_the_rows_as_they_were(tmp_path):

@@ -91,6 +91,24 @@ class DecisionPlan:
                        f"round{'s' if self.rounds_per_start != 1 else ''} per cell on each")
 
 
+def _shortfall(plan: DecisionPlan, added: Sequence[ResultRow]) -> str:
+    """What of the plan was not measured ('' when all of it was): the starts that reported and the rounds
+    they ran, where the time budget, the hard limit or a failure cut them."""
+    from tuning.results import repeat_throughputs
+
+    rounds: dict[str, int] = {}
+    for r in added:
+        rounds[r.trial_id] = max(rounds.get(r.trial_id, 0), len(repeat_throughputs(dataclasses.asdict(r))))
+    planned = plan.starts * len(plan.points)
+    if len(rounds) == planned and all(n == plan.rounds_per_start for n in rounds.values()):
+        return ""
+    if not rounds:
+        return f"; none of {planned} starts reported"
+    lo, hi = min(rounds.values(), default=0), max(rounds.values(), default=0)
+    span = f"{lo}-{hi}" if lo != hi else f"{hi}"
+    return f"; {len(rounds)} of {planned} starts, {span} of {plan.rounds_per_start} rounds each"
+
+
 def _check_starts(rounds: int, starts: int) -> None:
     if not isinstance(starts, int) or isinstance(starts, bool) or starts < 1:
         raise ValueError(f"starts={starts!r}; allowed: a whole number >= 1")
@@ -146,7 +164,8 @@ def decide_phase(spec: Any, rows: list[ResultRow], results: Any,
                          "measured before")
             break
         measured = sorted({r.engine_label or r.engine_key or "?" for r in added})
-        notes.append(f"decide: {plan.describe()}; measured again: {', '.join(measured) or 'none'} ({len(added)} rows)")
+        notes.append(f"decide: {plan.describe()}; measured again: {', '.join(measured) or 'none'} ({len(added)} rows"
+                     f"{_shortfall(plan, added)})")
         if not added:  # the results are as they were: nothing new to plan from
             break
         rows = [*rows, *added]
