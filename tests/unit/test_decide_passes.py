@@ -116,7 +116,8 @@ def test_the_note_says_what_a_cut_pass_measured(tmp_path):
     cut = Engines(spec, [{ROLE_MTP_OFF: {("le1024", 0.8): [1025]}, ROLE_STATIC: {("le1024", 0.8): [1005]}}])
     _, _, note = decide_phase(spec, rows, results_frame(rows), cut)
     assert note is not None and note.endswith("(4 rows; 4 of 4 starts, 1 of 2 rounds each)")
-    full = Engines(spec, [{ROLE_MTP_OFF: {("le1024", 0.8): [1025, 1055]}, ROLE_STATIC: {("le1024", 0.8): [1005, 1025]}}])
+    full = Engines(spec, [{ROLE_MTP_OFF: {("le1024", 0.8): [1025, 1055]},
+                           ROLE_STATIC: {("le1024", 0.8): [1005, 1025]}}])
     _, _, note = decide_phase(spec, rows, results_frame(rows), full)
     assert note is not None and note.endswith("(4 rows)")
 
