@@ -8,6 +8,10 @@ from start to start of one config (a start shifts every round it measures alike,
 :class:`EngineNoise` the simulated engine varies the same two ways: every iteration's time is multiplied
 by a factor drawn once per engine start and by one drawn afresh every ``window_s`` simulated seconds,
 both log-normal with median 1. The figures remain simulated figures; the noise only makes them vary.
+
+How much a measured run moves depends on its length against the window: a run within one window takes
+its factor whole (log sd ``sd``), consecutive short runs in one window move together, and a run over n
+windows averages them (about ``sd / sqrt(n)``).
 """
 from __future__ import annotations
 

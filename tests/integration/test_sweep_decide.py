@@ -125,3 +125,48 @@ def test_decide_rounds_split_over_fresh_engine_starts(tmp_path):
     assert [m.rounds_per_start for m in sampled] == [(2, 1, 1), (2, 1, 1)]
     noise = pooled_noise(pooled)
     assert noise is not None and noise.start_df == 2 * 2  # two configs, three starts each on the sampled cell
+
+
+def test_a_sweep_of_noisy_engines_decides_its_undecided_cells_before_it_commits(tmp_path):
+    """End to end: ``run_sweep`` with ``decide_rounds`` on simulated engines that vary as GPU engines do
+    (``--noise-start-sd``, ``--noise-sd``). At this noise (many short windows per round, so rounds move
+    independently) and two rounds per config, the two sampled cells were left undecided in every one of 6
+    trial runs, so the sweep's first table leaves cells undecided; the sweep then measures them on fresh engines, pools, chooses again
+    and commits, the table's notes saying so. Should every comparison be decided by chance, the sweep must
+    have planned nothing, which is checked instead."""
+    from orchestrator import table as routing
+    from tuning.sweep import run_sweep
+    from tuning.sweep.choose import pick_for
+    from tuning.sweep.decide import plan_decision
+    from tuning.sweep.provenance import provenance_for
+
+    noisy = SearchSpace(engine="sim", model=PROFILE, tp=8, num_draft_tokens=(4,), memory_fraction=(0.8,),
+                        max_batch_size=(64,), extra_flags=("--startup-delay", "1", "--noise-start-sd", "0.05",
+                                                           "--noise-sd", "1.5", "--noise-window-s", "0.25")
+                        ).with_baselines()
+    buckets = make_buckets((256, 512), input_len=128, concurrency_levels=(8,), num_prompts=8,
+                           temperatures=(0.0, 0.8))
+    spec = SweepSpec(sweep_id="noisy", run_dir=str(tmp_path / "noisy"), space=noisy, buckets=buckets,
+                     sim_time_scale=8.0, steady_state=None, max_concurrent_trials=2, ready_timeout_s=60, repeats=2,
+                     decide_rounds=2, decide_starts=2)
+
+    out = run_sweep(spec, num_trials=2, live=False)
+
+    assert out.error is None, out.error
+    table = routing.load(Path(spec.run_dir) / "routing_table.json")
+    notes = [n for n in table.provenance.notes if n.startswith("decide:")]
+    decide_rows = out.results[out.results.role == "decide"]
+    first = out.results[out.results.role != "decide"]
+    if decide_rows.empty:  # every comparison decided by chance on the first rounds: nothing was planned
+        assert not notes
+        assert plan_decision(first, spec.buckets, pick_for(first, spec, provenance_for(spec, first)),
+                             spec.decide_rounds, spec.constraints, starts=spec.decide_starts) is None
+        return
+    assert len(notes) == 1 and "fresh engines each, 1 round per cell on each" in notes[0]
+    assert (decide_rows.status == "ok").all()
+    starts = decide_rows.groupby("engine_key").trial_id.nunique()
+    assert set(starts) == {2} and len(starts) == 2  # both configs, two fresh engines each
+    logs = Path(spec.run_dir) / "decide" / "engine-logs"
+    assert {p.name for p in logs.iterdir()} == set(decide_rows.trial_id)
+    noise = pooled_noise(out.results)
+    assert noise is not None and noise.start_df > 0  # the starts told apart, as on the GPU
