@@ -101,11 +101,12 @@ def sweep(tag: str, a: argparse.Namespace) -> dict[str, Any]:
         cmd += ["--burn-in-s", f"{a.burn_in_s:g}"]
     if a.baseline_memory_fraction is not None:
         cmd += ["--baseline-memory-fraction", f"{a.baseline_memory_fraction:g}"]
-    if a.sim and a.sim_noise:  # every simulated engine of the space varies (its flags, beside the defaults')
+    if a.sim and a.sim_noise and any(a.sim_noise):  # every simulated engine varies (its flags beside the defaults')
         from tuning.sweep.spec import load_defaults
 
-        flags = [*load_defaults().get("sim", {}).get("space", {}).get("extra_flags", []),
-                 "--noise-start-sd", f"{a.sim_noise[0]:g}", "--noise-sd", f"{a.sim_noise[1]:g}"]
+        d = load_defaults()  # the flags the sweep would take from its defaults, as build_spec merges them
+        base = {**d.get("space", {}), **d.get("sim", {}).get("space", {})}.get("extra_flags", [])
+        flags = [*base, "--noise-start-sd", f"{a.sim_noise[0]:g}", "--noise-sd", f"{a.sim_noise[1]:g}"]
         space = Path(a.work) / f"space-{tag}.json"  # JSON is YAML: the sweep's --space reads it
         space.write_text(json.dumps({"extra_flags": flags}))
         cmd += ["--space", str(space)]

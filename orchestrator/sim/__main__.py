@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="log sd of a factor on iteration time drawn afresh every --noise-window-s")
     n.add_argument("--noise-window-s", type=float, default=5.0, help="simulated seconds one such factor lasts")
     n.add_argument("--noise-seed", type=int, default=None,
-                   help="fixed draws (default: fresh at every start, as two GPU starts differ)")
+                   help="fixed draws, the same for every engine (default: fresh at every start, as two GPU "
+                   "starts differ)")
     p.add_argument("--log-level", default="INFO")
     return p
 

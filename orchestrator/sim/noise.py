@@ -34,7 +34,8 @@ class EngineNoise:
         sd: log sd of the factor drawn afresh every ``window_s`` simulated seconds.
         window_s: simulated seconds one run-to-run factor lasts.
         seed: ``None`` draws afresh at every start, so two starts of one config differ as two GPU starts
-            do; a number gives the same factors every time.
+            do; a number gives the same factors every time, to every engine alike (no variation between
+            starts or configs then: for repeatable tests of one engine).
     """
 
     start_sd: float = 0.0
@@ -49,6 +50,8 @@ class EngineNoise:
                 raise ValueError(f"{name}={v!r}: a log sd in [0, 2]")
         if not (math.isfinite(self.window_s) and self.window_s > 0):
             raise ValueError(f"window_s={self.window_s!r}: simulated seconds > 0")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
+            raise ValueError(f"seed={self.seed!r}: a whole number >= 0, or none for fresh draws at every start")
 
     @property
     def active(self) -> bool:

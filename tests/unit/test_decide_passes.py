@@ -4,6 +4,7 @@ within noise, and the next pass measures it too. The phase's own planning and ch
 engines' rounds are given (its ``measure``)."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from tests.bench_results import bench_result
@@ -104,7 +105,7 @@ def test_a_pass_that_measures_nothing_ends_the_phase(tmp_path):
 
     all_rows, _, note = decide_phase(spec, rows, results_frame(rows), nothing)
     assert len(calls) == 1 and all_rows == rows
-    assert note is not None and note.endswith("measured again: none (0 rows; none of 2 starts reported)")
+    assert note is not None and note.endswith("measured again: none (0 rows; none of 2 starts measured)")
     assert MAX_DECIDE_PASSES >= 2
 
 
@@ -120,6 +121,16 @@ def test_the_note_says_what_a_cut_pass_measured(tmp_path):
                            ROLE_STATIC: {("le1024", 0.8): [1005, 1025]}}])
     _, _, note = decide_phase(spec, rows, results_frame(rows), full)
     assert note is not None and note.endswith("(4 rows)")
+
+    def one_failed(spec: Any, plan: DecisionPlan) -> list[ResultRow]:  # one start's engine failed
+        good = full(spec, plan)
+        bad = dataclasses.replace(good[0], status="failed", output_throughput=None, output_throughput_repeats=None,
+                                  failure_reason="engine failed during bucket le1024")
+        return [*good[1:], bad]
+
+    full.plans.clear()
+    _, _, note = decide_phase(spec, rows, results_frame(rows), one_failed)
+    assert note is not None and note.endswith("(4 rows; 3 of 4 starts, 2 of 2 rounds each, 1 row(s) failed)")
 
 
 def test_a_failing_pass_leaves_the_rows_as_they_were(tmp_path):

@@ -68,7 +68,8 @@ def test_the_scheduler_multiplies_every_iteration_by_the_factor():
     assert durations(lambda now: 2.0) == pytest.approx([2 * d for d in exact])
 
 
-@pytest.mark.parametrize("bad", [dict(sd=-0.1), dict(start_sd=math.nan), dict(sd=3.0), dict(window_s=0.0)])
+@pytest.mark.parametrize("bad", [dict(sd=-0.1), dict(start_sd=math.nan), dict(sd=3.0), dict(window_s=0.0),
+                                 dict(sd=0.1, seed=-1), dict(sd=0.1, seed=1.5)])
 def test_a_bad_setting_is_refused(bad):
     with pytest.raises(ValueError):
         EngineNoise(**bad)

@@ -92,21 +92,29 @@ class DecisionPlan:
 
 
 def _shortfall(plan: DecisionPlan, added: Sequence[ResultRow]) -> str:
-    """What of the plan was not measured ('' when all of it was): the starts that reported and the rounds
-    they ran, where the time budget, the hard limit or a failure cut them."""
-    from tuning.results import repeat_throughputs
+    """What of the plan was not measured ('' when all of it was): the starts that reported measurements,
+    the fewest and most rounds a start ran on its cells, and rows that failed, where the time budget, the
+    hard limit or a failure cut the pass."""
+    from tuning.results import STATUS_OK, repeat_throughputs
 
     rounds: dict[str, int] = {}
+    failed = 0
     for r in added:
-        rounds[r.trial_id] = max(rounds.get(r.trial_id, 0), len(repeat_throughputs(dataclasses.asdict(r))))
+        if r.status != STATUS_OK or r.output_throughput is None:
+            failed += 1
+            continue
+        n = len(repeat_throughputs(dataclasses.asdict(r)))
+        rounds[r.trial_id] = min(rounds.get(r.trial_id, n), n)
     planned = plan.starts * len(plan.points)
-    if len(rounds) == planned and all(n == plan.rounds_per_start for n in rounds.values()):
+    if len(rounds) == planned and not failed and all(n == plan.rounds_per_start for n in rounds.values()):
         return ""
     if not rounds:
-        return f"; none of {planned} starts reported"
-    lo, hi = min(rounds.values(), default=0), max(rounds.values(), default=0)
-    span = f"{lo}-{hi}" if lo != hi else f"{hi}"
-    return f"; {len(rounds)} of {planned} starts, {span} of {plan.rounds_per_start} rounds each"
+        head = f"; none of {planned} starts measured"
+    else:
+        lo, hi = min(rounds.values()), max(rounds.values())
+        span = f"{lo}-{hi}" if lo != hi else f"{hi}"
+        head = f"; {len(rounds)} of {planned} starts, {span} of {plan.rounds_per_start} rounds each"
+    return head + (f", {failed} row(s) failed" if failed else "")
 
 
 def _check_starts(rounds: int, starts: int) -> None:
