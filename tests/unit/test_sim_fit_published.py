@@ -15,7 +15,6 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import sim_fit_published as spf  # noqa: E402
-from benchmarks import sim_fit_testbed as testbed  # noqa: E402
 from orchestrator.sim.model import EngineParams, Profile, load_profile  # noqa: E402
 
 RESULT = json.loads((ROOT / "benchmarks/results/sim_fit_published_2026-12-02.json").read_text())

@@ -17,7 +17,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import sim_fit_testbed as testbed  # noqa: E402
-from orchestrator.sim.model import list_profiles, load_profile  # noqa: E402
+from orchestrator.sim.model import Profile, list_profiles, load_profile  # noqa: E402
 from orchestrator.sim.scheduler import simulate_workload  # noqa: E402
 from tuning.checkpoint.build import PRESETS, SPECIAL_TOKENS, ModelShape, make_config  # noqa: E402
 from tuning.checkpoint.footprint import footprint  # noqa: E402
