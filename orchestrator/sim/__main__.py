@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import signal
 import sys
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log.info("engine: %s", engine.model.describe())
     if engine.noise:
-        log.info("simulated run-to-run variation: %s", engine.noise.to_dict())
+        log.info("simulated run-to-run variation: %s", dataclasses.asdict(engine.noise))
     if fault == "never-ready":
         log.warning("simulated fault never-ready: process stays alive and never serves")
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -72,6 +72,3 @@ class EngineNoise:
             return start * last[1]
 
         return factor
-
-    def to_dict(self) -> dict[str, float | int | None]:
-        return {"start_sd": self.start_sd, "sd": self.sd, "window_s": self.window_s, "seed": self.seed}

@@ -289,7 +289,7 @@ class SimEngine:
             "boot_id": host_boot_id(),
             "config": asdict(self.params),
             "engine": self.model.describe(),
-            "noise": self.noise.to_dict() if self.noise else None,  # run-to-run variation, when asked for
+            "noise": asdict(self.noise) if self.noise else None,  # run-to-run variation, when asked for
             "simulated_time_s": round(self.now(), 6),
             "simulated_timestamp": self.sim_timestamp(),
             "counters": dict(self.counters),

@@ -4,10 +4,10 @@ A cell comparison within noise keeps the bucket's config: "not shown", not "the 
 gap is real but the rounds were too few to show it, a second sweep of the same space can show it and
 commit another route, and tables of one space then differ on the mix by as much as that gap. With
 ``decide_rounds`` the sweep measures each such comparison again before it commits: both configs of every
-undecided (bucket, sampling band, load) get fresh engines (``decide_starts``, below) and ``R`` more rounds of
-those cells' temperatures x loads (a bucket whose undecided cells differ in both measures their cross product); the rounds of both
-measurements are pooled (:func:`tuning.results.cell_measurements` merges them) and the table is chosen
-again from all of it.
+undecided (bucket, sampling band, load) get fresh engines (``decide_starts``, below) and ``R`` more rounds
+of those cells' temperatures x loads (a bucket whose undecided cells differ in both measures their cross
+product); the rounds of both measurements are pooled (:func:`tuning.results.cell_measurements` merges
+them) and the table is chosen again from all of it.
 
 What the re-test costs in rigour: testing again at the same level after pooling raises the chance of
 calling two equal configs different (about 6 % instead of 5 % at 95 %, 2 rounds then 2 + 4, simulated).
@@ -47,8 +47,8 @@ from orchestrator import table as routing
 from orchestrator.table import RoutingTable, RoutingTableError
 from tuning.buckets import Bucket
 from tuning.cells import Undecided
-from tuning.results import STATUS_OK, Constraints, config_of_row, undecided_cells
-from tuning.sweep.budget import BUDGET_FILE
+from tuning.results import STATUS_OK, Constraints, config_of_row, repeat_throughputs, undecided_cells
+from tuning.sweep.budget import BUDGET_FILE, read_budget, stop_reached, time_budget_spent
 from tuning.sweep.records import ResultRow
 
 __all__ = ["DECIDE_DIR", "MAX_DECIDE_PASSES", "ROLE_DECIDE", "DecisionPlan", "decide_phase", "earlier_rows",
@@ -95,15 +95,13 @@ def _shortfall(plan: DecisionPlan, added: Sequence[ResultRow]) -> str:
     """What of the plan was not measured ('' when all of it was): the starts that reported measurements,
     the fewest and most rounds a start ran on its cells, and rows that failed, where the time budget, the
     hard limit or a failure cut the pass."""
-    from tuning.results import STATUS_OK, repeat_throughputs
-
     rounds: dict[str, int] = {}
     failed = 0
     for r in added:
         if r.status != STATUS_OK or r.output_throughput is None:
             failed += 1
             continue
-        n = len(repeat_throughputs(dataclasses.asdict(r)))
+        n = len(repeat_throughputs(r.to_dict()))
         rounds[r.trial_id] = min(rounds.get(r.trial_id, n), n)
     planned = plan.starts * len(plan.points)
     if len(rounds) == planned and not failed and all(n == plan.rounds_per_start for n in rounds.values()):
@@ -137,7 +135,6 @@ def decide_phase(spec: Any, rows: list[ResultRow], results: Any,
     leaves the results as they were, with a note saying why: the sweep's own measurements and table never
     depend on it."""
     from tuning.results import results_frame
-    from tuning.sweep.budget import BUDGET_FILE, read_budget, stop_reached, time_budget_spent
     from tuning.sweep.choose import pick_for
     from tuning.sweep.provenance import provenance_for
 

@@ -125,7 +125,7 @@ def measure_config(
     neighbour starts; with a fair guard their rounds interleave). The two are never held together, so
     a caller waiting for one never holds the other. ``startup_s`` counts from the
     engine's start, not from the wait for ``startup_guard``. ``should_stop``: the sweep's hard limit, asked
-    before each round (:func:`measure_buckets`).
+    at the start of each round (:func:`measure_buckets`).
 
     Returns ``(measurements, failure, startup_s)``: ``BenchResult`` dicts by (bucket, concurrency),
     the reason the engine failed ('' if it did not), and the engine's start-up time in seconds

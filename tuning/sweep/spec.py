@@ -322,7 +322,7 @@ def build_spec(args: argparse.Namespace, defaults: Mapping[str, Any] | None = No
                  else int(sweep_cfg.get("repeats") or (1 if simulated else GPU_ROUNDS))),
         burn_in=not simulated and not args.no_burn_in,
         burn_in_s=0.0 if simulated or args.no_burn_in else (GPU_BURN_IN_S if args.burn_in_s is None else args.burn_in_s),
-        decide_rounds=int(getattr(args, "decide_rounds", None) or 0),
+        decide_rounds=int(args.decide_rounds or 0),
         decide_starts=1 if args.decide_starts is None else args.decide_starts,
     )
 
