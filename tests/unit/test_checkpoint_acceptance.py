@@ -32,6 +32,7 @@ from tuning.checkpoint.build import (  # noqa: E402
     main,
     make_config,
     predicted_accept_length,
+    weights_sha256,
 )
 
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
@@ -144,6 +145,23 @@ def test_acceptance_falls_with_temperature_and_less_when_sharper() -> None:
     assert sharp[2] > soft[2] + 0.1                        # and keeps sampled acceptance up
 
 
+@pytest.mark.parametrize("hidden", [768, 2048])  # the test shape's and the MoE preset's
+def test_the_stored_weights_keep_the_sharpness_asked_for(hidden: int) -> None:
+    """The successor's logit, from the bf16 tensors a checkpoint stores, is the sharpness asked for within
+    1 %: the knob moves in small steps (a final-norm weight near -1 would have rounded it to a multiple of
+    hidden / 256, so 7 and 7.5 came out the same)."""
+    V = 1024
+    for sharpness in (7.0, 7.5, 8.0, 30.0):
+        h = controlled_head(V, hidden, range(9, V), AcceptanceSpec(agreement=1.0, sharpness=sharpness), seed=0)
+        emb, head, norm = (getattr(h, k).to(torch.bfloat16).float() for k in ("embed", "lm_head", "final_norm"))
+        y = h.ordinary[:64]
+        x = emb[y] * (emb[y].pow(2).mean(-1, keepdim=True) + 1e-6).rsqrt() * (1 + norm)
+        successor_logit = (x * head[h.successor[y]]).sum(-1)
+        assert successor_logit.mean().item() == pytest.approx(sharpness, rel=0.01)
+        special_logit = (x * head[0]).sum(-1)  # a special row: far below
+        assert special_logit.max().item() == pytest.approx(-sharpness, rel=0.01)
+
+
 def test_top_k_filtering_keeps_acceptance_up() -> None:
     V, H = 2048, 256
     h = controlled_head(V, H, range(9, V - 64), AcceptanceSpec(agreement=1.0, sharpness=4.0), seed=2)
@@ -194,14 +212,23 @@ def test_the_preset_is_the_target_moe_shape() -> None:
     assert (t["linear_num_key_heads"], t["linear_num_value_heads"], t["linear_key_head_dim"]) == (16, 32, 128)
 
 
-def test_cli_prints_the_prediction(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main([str(tmp_path / "c"), "--hidden", "128", "--layers", "4", "--vocab", "1024", "--heads", "2",
-               "--kv-heads", "1", "--lin-k-heads", "1", "--lin-v-heads", "2", "--experts", "4", "--top-k", "2",
-               "--moe-inter", "32", "--shared-inter", "32", "--agreement", "0.5", "--text-root", str(STDLIB),
-               "--tokenizer-bytes", "300000"])
-    out = capsys.readouterr().out
+def test_cli_prints_the_prediction_and_the_weights_digest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The digest is what shows two GPU runs' checkpoints the same: a build of one seed is the same bytes
+    every time (drawn on the CPU), another seed other bytes."""
+    def build(name: str, seed: int) -> tuple[int, str]:
+        rc = main([str(tmp_path / name), "--hidden", "128", "--layers", "4", "--vocab", "1024", "--heads", "2",
+                   "--kv-heads", "1", "--lin-k-heads", "1", "--lin-v-heads", "2", "--experts", "4", "--top-k", "2",
+                   "--moe-inter", "32", "--shared-inter", "32", "--agreement", "0.5", "--text-root", str(STDLIB),
+                   "--tokenizer-bytes", "300000", "--seed", str(seed)])
+        return rc, capsys.readouterr().out
+
+    rc, out = build("c", 0)
     assert rc == 0 and "controlled-acceptance" in out and "3@0.0:" in out
     assert predicted_accept_length(tmp_path / "c", 1, 0) == pytest.approx(1.5, abs=0.1)
+    digest = weights_sha256(tmp_path / "c")
+    assert f"saved {tmp_path / 'c' / 'model.safetensors'} (sha256 {digest[:16]})" in out
+    assert build("again", 0)[0] == 0 and weights_sha256(tmp_path / "again") == digest
+    assert build("other", 1)[0] == 0 and weights_sha256(tmp_path / "other") != digest
     assert main([str(tmp_path / "d"), "--agreement", "2"]) == 2
 
 

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -76,6 +77,7 @@ __all__ = [
     "mrope_section",
     "predicted_accept_length",
     "train_tokenizer",
+    "weights_sha256",
     "write_checkpoint_files",
 ]
 
@@ -530,6 +532,18 @@ def save_weights(out_dir: Path, weights: dict[str, Any]) -> None:
     save_file({k: v.cpu() for k, v in weights.items()}, str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
 
 
+def weights_sha256(path: str | os.PathLike[str]) -> str:
+    """The sha256 of a weights file (of a checkpoint folder: its ``model.safetensors``). It tells two
+    checkpoints of one recipe apart (a trained one differs between GPU runs; a built one is drawn on the
+    CPU from its seed), or shows them the same."""
+    path = Path(path)
+    h = hashlib.sha256()
+    with open(path / WEIGHTS_FILE if path.is_dir() else path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def write_checkpoint_files(out_dir: Path, config: dict[str, Any], special_ids: dict[str, int]) -> None:
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     gen = dict(eos_token_id=[special_ids["<|im_end|>"], special_ids["<|endoftext|>"]],
@@ -656,6 +670,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     kind = "oracle" if a.oracle else "controlled-acceptance" if spec else "initial"
     print(f"wrote {a.out_dir}: {kind} weights, vocab {t['vocab_size']}, layers {t['layer_types']}, "
           f"shape {dataclasses.asdict(shape)}")
+    print(f"saved {a.out_dir / WEIGHTS_FILE} (sha256 {weights_sha256(a.out_dir)[:16]})")
     if spec is not None:
         predicted = json.loads((a.out_dir / ACCEPTANCE_FILE).read_text())["predicted_accept_length"]
         print("predicted accept length (draft tokens @ temperature): "

@@ -37,7 +37,6 @@ import argparse
 import copy
 import dataclasses
 import functools
-import hashlib
 import json
 import math
 import os
@@ -57,6 +56,7 @@ from tuning.checkpoint.build import (
     collect_source_files,
     read_texts,
     shape_from_args,
+    weights_sha256,
 )
 
 __all__ = ["MtpHead", "Qwen35WithMtp", "TrainConfig", "chain_hidden", "chain_matches", "load_model",
@@ -604,8 +604,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cast_parameters(model, torch.bfloat16)  # predict with the weights LMDeploy will load
     if not a.skip_train:
         save_model(model, a.out_dir, other)
-        # The digest tells two leases' checkpoints of one recipe apart, or shows them the same.
-        report["weights_sha256"] = hashlib.sha256((a.out_dir / WEIGHTS_FILE).read_bytes()).hexdigest()
+        report["weights_sha256"] = weights_sha256(a.out_dir)
         log(f"saved {a.out_dir / WEIGHTS_FILE} (sha256 {report['weights_sha256'][:16]})")
     eval_texts = read_texts(collect_source_files(a.text_root, max_bytes=8 << 20, split="eval"))
     prompts = held_out_prompts(tokenizer, eval_texts, count=a.eval_prompts, length=a.eval_prompt_tokens, seed=a.seed)
