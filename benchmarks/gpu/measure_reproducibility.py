@@ -18,7 +18,11 @@ two tables differ.
 
 The sweeps and the side-by-side part need not share a lease: ``--reuse --work DIR`` keeps every
 ``DIR/sweep-<tag>/`` that holds ``routing_table.json`` and ``sweep.json`` (the collect step copies both
-out), so a later lease re-measures committed tables (on that lease's checkpoint, same recipe).
+out, and ``weights.json``), so a later lease re-measures committed tables. They compare only on the same
+weights: each sweep's folder records the sha256 of the checkpoint it measured (``weights.json``), and a
+table measured on other weights is refused. A trained checkpoint differs between leases (GPU
+nondeterminism), so leases that share tables build theirs (``tuning.checkpoint.build --agreement``: drawn
+on the CPU from a seed, the same bytes every time).
 
     python benchmarks/gpu/measure_reproducibility.py --ckpt /root/ckpt --out $OUT        # on the GPU machine
     python benchmarks/gpu/measure_reproducibility.py --sim --out /tmp/repro              # dry run, simulated
@@ -48,6 +52,7 @@ from tuning.traffic import TrafficMix  # noqa: E402
 
 SEEDS = {"a": 0, "b": 1}
 GOAL = 0.03
+WEIGHTS_RECORD = "weights.json"
 STOP_MARGIN_S = 210.0
 """Seconds a sweep keeps, after its hard limit (``--stop-after-s``), before ``--sweep-timeout-s``: the round in
 progress (a fresh engine's first holds its burn-in: ~65 s on the H200), the engines' stops one at a time under
@@ -87,6 +92,35 @@ def _later_call(argv: list[str], tags: list[str]) -> list[str]:
     return [*out, "--sweeps", ",".join(tags)]
 
 
+def weights(ckpt: str, sim: bool) -> dict[str, Any]:
+    """What the sweeps measure on: every weights file of the checkpoint with its sha256."""
+    if sim:
+        return {"simulated": True}
+    from tuning.checkpoint.build import weights_sha256
+
+    files = sorted(Path(ckpt).glob("*.safetensors"))
+    if not files:
+        raise SystemExit(f"{ckpt}: no *.safetensors weights to measure")
+    return {"files": {f.name: weights_sha256(f) for f in files}}
+
+
+def weights_differences(now: Mapping[str, Any], work: Path, tags: Sequence[str]) -> list[str]:
+    """The sweeps in ``work`` whose recorded weights are not ``now``'s (a sweep without a record is let
+    through: its tables predate the record)."""
+    differ = []
+    for tag in tags:
+        path = work / f"sweep-{tag}" / WEIGHTS_RECORD
+        if path.exists() and (then := json.loads(path.read_text())) != now:
+            differ.append(f"sweep {tag} measured {_short(then)}, this run has {_short(now)}")
+    return differ
+
+
+def _short(record: Mapping[str, Any]) -> str:
+    if record.get("simulated"):
+        return "simulated engines"
+    return ", ".join(f"{name} {digest[:16]}" for name, digest in sorted(record.get("files", {}).items())) or "no weights"
+
+
 def sweep(tag: str, a: argparse.Namespace) -> dict[str, Any]:
     run_dir = Path(a.work) / f"sweep-{tag}"
     if (run_dir / "routing_table.json").exists() and a.reuse:
@@ -114,6 +148,8 @@ def sweep(tag: str, a: argparse.Namespace) -> dict[str, Any]:
     cmd += ["--stop-after-s", f"{max(a.time_budget_s, a.sweep_timeout_s - STOP_MARGIN_S):g}"]
     t = time.monotonic()
     proc = e2e.run(cmd, timeout=a.sweep_timeout_s, check=False, log_to=Path(a.out) / f"sweep_{tag}.log")
+    if run_dir.is_dir():  # beside its table: a later call re-measures it only on the same weights
+        (run_dir / WEIGHTS_RECORD).write_text(json.dumps(weights(a.ckpt, a.sim), indent=1))
     out = {"run_dir": str(run_dir), "rc": proc.returncode, "wall_s": round(time.monotonic() - t, 1), "command": " ".join(cmd)}
     if (run_dir / "results.csv").exists():
         out.update(e2e.summarize_run(run_dir))
@@ -264,6 +300,15 @@ def main(argv: list[str] | None = None) -> int:
 
     def save() -> None:
         (out_dir / "reproducibility.json").write_text(json.dumps(result, indent=1, default=str))
+
+    result["weights"] = now = weights(a.ckpt, a.sim)
+    reused = [tag for tag in SEEDS if a.reuse and (work / f"sweep-{tag}" / "routing_table.json").exists()]
+    if differ := weights_differences(now, work, reused):  # before a lease is spent on the other sweep
+        result["error"] = (f"tables measured on other weights do not compare ({'; '.join(differ)}): build the "
+                           "checkpoint the same way in every lease (tuning.checkpoint.build --agreement), or sweep again")
+        log(result["error"])
+        save()
+        return 1
 
     with e2e.ray_cluster([0], sim=a.sim, num_cpus=a.num_cpus):
         for tag in run_now:

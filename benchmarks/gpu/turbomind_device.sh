@@ -7,7 +7,9 @@
 #       installs part 1 (LMDeploy 0.18 WITH TurboMind's binary, the CUDA 12 runtime, the cuBLAS shim,
 #       fla), puts the libraries where the binary looks first, checks that it loads (the project's
 #       preflight), and starts training the test checkpoint /root/ckpt in the background (~4 min; TRAIN_STEPS
-#       optimiser steps, 480 by default: the same recipe for as long in every lease)
+#       optimiser steps, 480 by default: the same recipe for as long in every lease; the weights still differ
+#       between leases). CKPT_BUILD="--agreement 0.95 --sharpness 8" builds it instead (tuning.checkpoint.build
+#       flags; the test shape, the same bytes in every lease): for leases that share a sweep's tables
 #   carry [".stage/t2"]: OUT=$OUT bash benchmarks/gpu/turbomind_device.sh t2
 #       installs part 2, runs tests/gpu/test_gpu_turbomind.py on an oracle checkpoint (pays LMDeploy's cold
 #       compile meanwhile training runs), waits for the trained weights, runs the tests again on them
@@ -37,7 +39,8 @@
 #       on the trained checkpoint (greedy equality token for token, partings checked for near-ties), then
 #       benchmarks/gpu/serve_engines.py (a table mixing TurboMind and PyTorch MTP-2 served through Ray Serve)
 #   then, until it says done:  OUT=$OUT bash benchmarks/gpu/turbomind_device.sh serve-collect
-# Two independent sweeps and their tables side by side (issue #22 item 2), after t1 (with training) and t3:
+# Two independent sweeps and their tables side by side (issue #22 item 2), after t1 (CKPT_BUILD=... when the
+# sweeps and the side by side take several leases: each sweep records its weights' sha256) and t3:
 #   carry [".stage/t2"]: OUT=$OUT bash benchmarks/gpu/turbomind_device.sh repro-install
 #   carry [".stage/r0"]: bash .stage/r0/install_part.sh
 #   carry [".stage/r1"]: OUT=$OUT bash benchmarks/gpu/turbomind_device.sh repro [ARGS...]
@@ -116,6 +119,13 @@ case $STEP in
     cat /root/tm/env.sh | tee "$OUT/tm_env.sh"
     nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
     [ -n "${NO_TRAIN:-}" ] && exit 0
+    if [ -n "${CKPT_BUILD:-}" ]; then
+      # Built, not trained: drawn on the CPU from a seed (~10 s), the same bytes in every lease, so leases
+      # that share a sweep's tables measure one model (measure_reproducibility.py checks the sha256).
+      python3 -m tuning.checkpoint.build /root/ckpt $CKPT_BUILD --tokenizer-bytes 2097152 > /root/tm/train.log 2>&1
+      grep -E "saved|predicted|error" /root/tm/train.log
+      exit 0
+    fi
     # Training: a new session, so it outlives this call (the machine runs it until it goes back). The
     # staged Triton (3.6) makes FLA refuse Hopper, and finding that out costs a second pass over the data
     # (~2 min): the PyTorch gated delta rule from the start.
@@ -242,6 +252,7 @@ case $STEP in
     for t in a b; do
       if [ -f "$W/sweep-$t/routing_table.json" ]; then
         mkdir -p "$OUT/work/sweep-$t" && cp "$W/sweep-$t/routing_table.json" "$W/sweep-$t/sweep.json" "$OUT/work/sweep-$t/"
+        cp "$W/sweep-$t/weights.json" "$OUT/work/sweep-$t/" 2>/dev/null
       fi
     done
     ;;

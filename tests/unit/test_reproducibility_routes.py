@@ -76,3 +76,47 @@ def test_mix_requests_follow_the_classes(buckets):
     assert any(n > 256 for _, n, t in reqs if t == 0.8)  # drawn from the 1,024-token bucket's workload
     assert reqs == repro.mix_requests(buckets, mix, load_tokenizer(None), total=100)  # seeded
     assert [r[2] for r in reqs] != sorted(r[2] for r in reqs)  # shuffled, not class by class
+
+
+def test_tables_measured_on_other_weights_are_refused_before_a_sweep_runs(monkeypatch, tmp_path):
+    """Leases that share tables must measure one checkpoint: each sweep records its weights' sha256, and a
+    later call whose checkpoint differs stops before it spends a lease on the other sweep."""
+    import contextlib
+    import json
+
+    ckpt, work, out = tmp_path / "ckpt", tmp_path / "work", tmp_path / "out"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(b"weights of lease 1")
+    ran: list[str] = []
+
+    def run(cmd, **_kw):  # the sweep: its table in its run dir
+        run_dir = Path(cmd[cmd.index("--run-dir") + 1])
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "routing_table.json").write_text("{}")
+        (run_dir / "sweep.json").write_text(json.dumps({"seed": 0}))
+        ran.append(run_dir.name)
+        return type("Done", (), {"returncode": 0})()
+
+    monkeypatch.setattr(repro.e2e, "run", run)
+    monkeypatch.setattr(repro.e2e, "pack", lambda *a, **k: None)
+    monkeypatch.setattr(repro.e2e, "sweep_cmd", lambda a, run_dir, **k: ["sweep", "--run-dir", str(run_dir), "--seed", "0"])
+    monkeypatch.setattr(repro.e2e, "ray_cluster", lambda *a, **k: contextlib.nullcontext())
+    base = ["--ckpt", str(ckpt), "--out", str(out), "--work", str(work)]
+    assert repro.main([*base, "--sweeps", "a"]) == 0
+    record = json.loads((work / "sweep-a" / repro.WEIGHTS_RECORD).read_text())
+    assert record == repro.weights(str(ckpt), sim=False) and set(record["files"]) == {"model.safetensors"}
+    (ckpt / "model.safetensors").write_bytes(b"weights trained again in lease 2")
+    assert repro.main([*base, "--sweeps", "b", "--reuse"]) == 1
+    said = json.loads((out / "reproducibility.json").read_text())
+    assert ran == ["sweep-a"] and "sweep a measured model.safetensors " in said["error"]
+    assert "tuning.checkpoint.build" in said["error"]
+    # the same weights again (a built checkpoint is the same bytes every lease): sweep b runs
+    (ckpt / "model.safetensors").write_bytes(b"weights of lease 1")
+    assert repro.main([*base, "--sweeps", "b", "--reuse", "--no-side-by-side"]) == 0
+    assert ran == ["sweep-a", "sweep-b"] and "error" not in json.loads((out / "reproducibility.json").read_text())
+    assert repro.weights_differences(repro.weights(str(ckpt), sim=False), work, ["a", "b"]) == []
+    (work / "sweep-b" / repro.WEIGHTS_RECORD).unlink()  # a table from before the record: let through
+    assert repro.weights_differences({"simulated": True}, work, ["b"]) == []
+    assert repro.weights_differences({"simulated": True}, work, ["a"]) != []
+    with pytest.raises(SystemExit, match="no \\*.safetensors"):
+        repro.weights(str(tmp_path), sim=False)
