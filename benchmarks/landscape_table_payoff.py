@@ -336,13 +336,12 @@ def _band(x: Mapping[str, Any]) -> str:
 def render(result: Mapping[str, Any]) -> str:
     prov, noise, rows = result["provenance"], result["noise"], result["rows"]
     labels = result["labels"]
-    mixes = list(result["mixes"])
     lines = [
         "# Would a routing table pay on the MoE testbed? A prediction from the measured landscape",
         "",
-        f"**A prediction from single GPU runs, not a served measurement.** Every rate is one closed-loop run of "
-        f"`measure_landscape.py` (one engine alone on the GPU); the mix rates, routings and ratios are computed from "
-        f"them here, on a CPU.",
+        "**A prediction from single GPU runs, not a served measurement.** Every rate is one closed-loop run of "
+        "`measure_landscape.py` (one engine alone on the GPU); the mix rates, routings and ratios are computed from "
+        "them here, on a CPU.",
         "",
         f"- Command: `{prov['command']}`",
         f"- Landscape: `{prov['landscape']}` (sha256 {prov['landscape_sha256'][:16]}…), measured on "

@@ -653,7 +653,6 @@ def _best_line(r: Mapping[str, Any]) -> list[str]:
 def render_md(r: Mapping[str, Any]) -> str:
     costs = r["step_costs"]
     last = r["current"]["check"]["tpot"]["bucket"]
-    pub_share, cur_share = r["published_decode_share"], r["current"]["decode_share"]
     implied = r["published_implied_step_costs"]
     d = r["decision"]
     out = [

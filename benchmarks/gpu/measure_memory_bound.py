@@ -99,8 +99,8 @@ def measure_bandwidth(gib: float = 4.0, iters: int = 20) -> dict[str, Any]:
             out.append(a.elapsed_time(b) / 1e3)
         return sorted(out)
 
-    copy_t = timed(lambda: dst.copy_(src))
-    sum_t = timed(lambda: src.sum(dtype=torch.float32))
+    copy_t = timed(lambda: dst.copy_(src))  # noqa: F821 (ruff reads the del below as the lambdas')
+    sum_t = timed(lambda: src.sum(dtype=torch.float32))  # noqa: F821
     med = lambda xs: xs[len(xs) // 2]  # noqa: E731
     res = {"buffer_bytes": nbytes, "iters": iters,
            "copy_tbps_read_plus_write": 2 * nbytes / med(copy_t) / 1e12,
