@@ -105,12 +105,14 @@ def weights(ckpt: str, sim: bool) -> dict[str, Any]:
 
 
 def weights_differences(now: Mapping[str, Any], work: Path, tags: Sequence[str]) -> list[str]:
-    """The sweeps in ``work`` whose recorded weights are not ``now``'s (a sweep without a record is let
-    through: its tables predate the record)."""
+    """The sweeps in ``work`` not shown to have measured ``now``'s weights: another record, or none (a
+    table from before the record, or copied without it)."""
     differ = []
     for tag in tags:
         path = work / f"sweep-{tag}" / WEIGHTS_RECORD
-        if path.exists() and (then := json.loads(path.read_text())) != now:
+        if not path.exists():
+            differ.append(f"sweep {tag} has no {WEIGHTS_RECORD} (its weights are unknown)")
+        elif (then := json.loads(path.read_text())) != now:
             differ.append(f"sweep {tag} measured {_short(then)}, this run has {_short(now)}")
     return differ
 
@@ -146,10 +148,10 @@ def sweep(tag: str, a: argparse.Namespace) -> dict[str, Any]:
         cmd += ["--space", str(space)]
     # The sweep stops its own rounds early enough to commit a table before the timeout kills it.
     cmd += ["--stop-after-s", f"{max(a.time_budget_s, a.sweep_timeout_s - STOP_MARGIN_S):g}"]
+    run_dir.mkdir(parents=True)  # the record first: a table is never in the folder without it
+    (run_dir / WEIGHTS_RECORD).write_text(json.dumps(weights(a.ckpt, a.sim), indent=1))
     t = time.monotonic()
     proc = e2e.run(cmd, timeout=a.sweep_timeout_s, check=False, log_to=Path(a.out) / f"sweep_{tag}.log")
-    if run_dir.is_dir():  # beside its table: a later call re-measures it only on the same weights
-        (run_dir / WEIGHTS_RECORD).write_text(json.dumps(weights(a.ckpt, a.sim), indent=1))
     out = {"run_dir": str(run_dir), "rc": proc.returncode, "wall_s": round(time.monotonic() - t, 1), "command": " ".join(cmd)}
     if (run_dir / "results.csv").exists():
         out.update(e2e.summarize_run(run_dir))
@@ -305,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     reused = [tag for tag in SEEDS if a.reuse and (work / f"sweep-{tag}" / "routing_table.json").exists()]
     if differ := weights_differences(now, work, reused):  # before a lease is spent on the other sweep
         result["error"] = (f"tables measured on other weights do not compare ({'; '.join(differ)}): build the "
-                           "checkpoint the same way in every lease (tuning.checkpoint.build --agreement), or sweep again")
+                           "checkpoint the same way in every lease (tuning.checkpoint.build --agreement), or sweep "
+                           "again")
         log(result["error"])
         save()
         return 1

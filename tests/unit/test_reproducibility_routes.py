@@ -89,9 +89,9 @@ def test_tables_measured_on_other_weights_are_refused_before_a_sweep_runs(monkey
     (ckpt / "model.safetensors").write_bytes(b"weights of lease 1")
     ran: list[str] = []
 
-    def run(cmd, **_kw):  # the sweep: its table in its run dir
+    def run(cmd, **_kw):  # the sweep: its table in its run dir, which holds the weights record already
         run_dir = Path(cmd[cmd.index("--run-dir") + 1])
-        run_dir.mkdir(parents=True, exist_ok=True)
+        assert (run_dir / repro.WEIGHTS_RECORD).exists()
         (run_dir / "routing_table.json").write_text("{}")
         (run_dir / "sweep.json").write_text(json.dumps({"seed": 0}))
         ran.append(run_dir.name)
@@ -115,8 +115,11 @@ def test_tables_measured_on_other_weights_are_refused_before_a_sweep_runs(monkey
     assert repro.main([*base, "--sweeps", "b", "--reuse", "--no-side-by-side"]) == 0
     assert ran == ["sweep-a", "sweep-b"] and "error" not in json.loads((out / "reproducibility.json").read_text())
     assert repro.weights_differences(repro.weights(str(ckpt), sim=False), work, ["a", "b"]) == []
-    (work / "sweep-b" / repro.WEIGHTS_RECORD).unlink()  # a table from before the record: let through
-    assert repro.weights_differences({"simulated": True}, work, ["b"]) == []
     assert repro.weights_differences({"simulated": True}, work, ["a"]) != []
+    # a table without the record (from before it, or copied without it) is not shown to be on these weights
+    (work / "sweep-b" / repro.WEIGHTS_RECORD).unlink()
+    assert repro.main([*base, "--sweeps", "none", "--reuse"]) == 1
+    said = json.loads((out / "reproducibility.json").read_text())
+    assert "sweep b has no weights.json" in said["error"] and ran == ["sweep-a", "sweep-b"]
     with pytest.raises(SystemExit, match="no \\*.safetensors"):
         repro.weights(str(tmp_path), sim=False)

@@ -133,7 +133,7 @@ def test_the_reproducibility_script_passes_the_flag_to_its_sweeps(monkeypatch, t
     args = type("A", (), {"work": str(tmp_path), "reuse": False, "num_trials": 2, "time_budget_s": 10,
                           "temperatures": "0,0.8", "traffic_mix": "mix.yaml", "decide_rounds": 4,
                           "decide_starts": 2, "burn_in_s": None, "sim": True, "sweep_timeout_s": 5,
-                          "baseline_memory_fraction": None, "sim_noise": None,
+                          "baseline_memory_fraction": None, "sim_noise": None, "ckpt": None,
                           "out": str(tmp_path)})()
     repro.sweep("a", args)
     cmd = seen["cmd"]
@@ -175,6 +175,7 @@ def test_the_reproducibility_script_can_run_one_sweep_now_and_the_other_later(mo
         table.parent.mkdir(parents=True, exist_ok=True)
         table.write_text("{}")
         (table.parent / "sweep.json").write_text(json.dumps({"seed": repro.SEEDS[tag], "buckets": a.buckets}))
+        (table.parent / repro.WEIGHTS_RECORD).write_text(json.dumps(repro.weights(a.ckpt, a.sim)))
         return {"rc": 0, "wall_s": 1.0}
 
     monkeypatch.setattr(repro, "sweep", sweep)

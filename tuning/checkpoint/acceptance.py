@@ -7,14 +7,14 @@ for any Qwen3.5 shape (dense or MoE) whose token-mixing output projections are z
 position's hidden state is its own token's embedding:
 
 - **The target** predicts, for every ordinary token ``y``, its successor along one random cycle through
-  all ordinary tokens (``lm_head[succ(y)] = embed(y)``). Concurrent sequences therefore carry distinct
+  all ordinary tokens (``lm_head[succ(y)] = c * embed(y)``). Concurrent sequences therefore carry distinct
   tokens and spread over experts as real traffic does, instead of collapsing onto a few fixed points.
   Every ordinary embedding has squared norm ``H`` (RMSNorm leaves it as it is); ``lm_head`` rows scaled
   by ``c = sharpness / H`` make the successor's logit ``sharpness`` while the other ordinary tokens' logits
   scatter around ``c`` with standard deviation ``~sharpness / sqrt(H)``. The scale sits in ``lm_head``, where
   bf16 keeps it to ~0.4 %, not in the final norm: its stored weight ``c - 1`` lies near -1, where bf16's step
   of 2**-8 would round the sharpness to a multiple of ``H / 256`` (3 at hidden 768, 8 at 2048). Special and
-  padding rows carry ``-sharpness`` on a constant bias coordinate, so they are never generated.
+  padding rows carry ``-H`` on a constant bias coordinate, so they are never generated.
 - **The MTP head** is ``fc = [A | 0]`` with ``A = diag(1, I, -I)`` over (bias coordinate, ``u`` block,
   ``w`` block). Tokens outside the *disagreement set* ``S`` have their embedding in ``u`` only, so ``A``
   leaves them alone and the head drafts the successor. Tokens in ``S`` carry three quarters of their
@@ -135,14 +135,13 @@ def controlled_head(vocab_size: int, hidden_size: int, ordinary_ids: Sequence[in
     embed[:, u_slice] = u * u_share * rest
     embed[:, w_slice] = w * w_share * rest
 
-    # One random cycle through all ordinary tokens: lm_head[succ(y)] = embed(y).
+    # One random cycle through all ordinary tokens: lm_head[succ(y)] = c * embed(y).
     order = ordinary[torch.randperm(n, generator=gen, device=device)]
     successor = torch.full((V,), -1, dtype=torch.long, device=device)
     successor[order] = torch.roll(order, -1)
-    c = spec.sharpness / H
     lm_head = torch.zeros(V, H, device=device)
-    lm_head[:, 0] = -float(H) * c  # special and padding rows: far below every ordinary logit
-    lm_head[successor[order]] = embed[order] * c
+    lm_head[:, 0] = -float(H)  # special and padding rows: far below every ordinary logit
+    lm_head[successor[order]] = embed[order] * (spec.sharpness / H)
 
     final_norm = torch.zeros(H, device=device)  # scale 1 + w = 1: the norm leaves every embedding as it is
     a = torch.ones(H, device=device)

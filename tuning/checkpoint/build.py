@@ -534,8 +534,8 @@ def save_weights(out_dir: Path, weights: dict[str, Any]) -> None:
 
 def weights_sha256(path: str | os.PathLike[str]) -> str:
     """The sha256 of a weights file (of a checkpoint folder: its ``model.safetensors``). It tells two
-    checkpoints of one recipe apart (a trained one differs between GPU runs; a built one is drawn on the
-    CPU from its seed), or shows them the same."""
+    checkpoints of one recipe apart (a trained one differs between GPU runs; one built on the CPU, the
+    default, is drawn from its seed and is the same bytes wherever the CPU kernels are), or shows them the same."""
     path = Path(path)
     h = hashlib.sha256()
     with open(path / WEIGHTS_FILE if path.is_dir() else path, "rb") as f:
