@@ -9,7 +9,7 @@
 #     pass-through + empty cuBLASLt 12 (turbomind/build_shim.sh): what the binary misses on CUDA 13
 #     (docs/turbomind.md).
 # t1 holds LMDeploy, the libraries and what training needs (fla), so call 1 can check that TurboMind
-# loads and start training while t3 (z3, 21 MiB) and t2 (TileLang, 37 MiB) travel, in that order.
+# loads and start training while t3 (z3 and what call 1 does not import, 31 MiB) and t2 (TileLang, 37 MiB) travel, in that order.
 # Two more parts carry Ray (Serve, Tune) and Optuna for sweeping and serving on the device: .stage/r0
 # (~33 MiB) Ray's wheel alone, .stage/r1 (~25 MiB) the rest (together they no longer fit one call beside
 # the repository's files): Ray's wheel LZMA-recompressed without its Java jar (ray_dist.jar, 31 MiB compressed, used
@@ -42,9 +42,12 @@ bash "$HERE/turbomind/build_shim.sh" $S/t1/turbomind-lib
 cp $S/lz/lmdeploy-0.18.0-*.whl $S/t1/
 cp $S/lz/tilelang-*.whl $S/t2/
 cp $S/lz/z3_solver-*.whl $S/t3/
+# What call 1 itself does not import (TileLang's FFI, the OpenAI server's packages, FA3, xgrammar) travels with z3 in t3, which every
+# step that starts an engine installs first: t1 then leaves the repository room to grow under the limit.
 for f in $S/q1/*.whl $S/q2/*.whl; do
   case $(basename "$f") in
     lmdeploy-*|tilelang-*|z3_solver-*) ;;
+    apache_tvm_ffi-*|openai-*|openai_harmony-*|flash_attn_3-*|xgrammar-*) cp "$f" $S/t3/ ;;
     *) cp "$f" $S/t1/ ;;
   esac
 done
@@ -57,4 +60,11 @@ for f in $S/dl4/*.whl; do
   esac
 done
 for d in t1 t2 t3 r0 r1; do cp $S/q1/install_part.sh $S/$d/; done
-du -sh $S/t1 $S/t2 $S/t3 $S/r0 $S/r1
+# Each part travels beside the repository's files (tracked, and untracked ones not ignored) under 64 MiB a call;
+# a lease's results are committed between calls, so warn while less than 8 MiB is left.
+TREE=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | du -cb --files0-from=- 2>/dev/null | tail -n 1 | cut -f1)
+for d in t1 t2 t3 r0 r1; do
+  BYTES=$(( $(du -sb $S/$d | cut -f1) + TREE ))
+  printf '%s: %d MiB with the repository (%d MiB left)\n' $d $((BYTES >> 20)) $(( (67108864 - BYTES) >> 20 ))
+  [ $((67108864 - BYTES)) -ge $((8 << 20)) ] || echo "WARNING: $d leaves under 8 MiB for the repository to grow"
+done
