@@ -71,6 +71,11 @@
 #       2026-12-02: benchmarks/results/gpu_payoff_h200_2026-12-02/ (the sweep; the payoff did not deploy) and
 #       benchmarks/results/gpu_payoff_h200_2026-12-02_served/ (the re-decided table served, no warm-up yet)
 #   then, until it says done:  OUT=$OUT bash benchmarks/gpu/turbomind_device.sh payoff-collect
+# The builder's accept-length prediction against LMDeploy (issue #22 item 1), without training:
+#   carry [".stage/t1"]: NO_TRAIN=1 OUT=$OUT bash benchmarks/gpu/turbomind_device.sh t1
+#   carry [".stage/t3"]: bash .stage/t3/install_part.sh
+#   carry [".stage/t2"]: OUT=$OUT bash benchmarks/gpu/turbomind_device.sh acceptance
+#       tests/gpu/test_gpu_acceptance.py (a small MoE built on the GPU, MTP-3, T 0 and 0.8, ±0.15), ~5 min
 # Where a measurement's spread comes from (issue #22 item 2), without training:
 #   carry [".stage/t1"]: NO_TRAIN=1 OUT=$OUT bash benchmarks/gpu/turbomind_device.sh t1
 #   carry [".stage/t2"]: OUT=$OUT bash benchmarks/gpu/turbomind_device.sh suspects [DEADLINE_S]
@@ -202,6 +207,15 @@ case $STEP in
         --work /root/tm/serve-work > /root/tm/serve/serve_engines.log 2>&1;
       touch /root/tm/serve/done" > /root/tm/serve/job.log 2>&1 < /dev/null &
     sleep 5; echo "serve job started"
+    ;;
+  acceptance)
+    # The builder's predicted accept length against LMDeploy's measured one (issue #22 item 1), ~5 min with the
+    # engine's cold start; after t1 (NO_TRAIN=1 will do) and t3.
+    install_part2 || exit 1
+    set -o pipefail
+    timeout 900 python3 -m pytest tests/gpu/test_gpu_acceptance.py -v -s -p no:cacheprovider -o cache_dir=/tmp/pc \
+      2>&1 | tee "$OUT/gpu_acceptance.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|predicted|measured"
+    echo "pytest (acceptance) exit $?"
     ;;
   repro-install)
     install_part2 || exit 1
