@@ -138,10 +138,9 @@ def sweep(tag: str, a: argparse.Namespace) -> dict[str, Any]:
     if a.baseline_memory_fraction is not None:
         cmd += ["--baseline-memory-fraction", f"{a.baseline_memory_fraction:g}"]
     if a.sim and a.sim_noise and any(a.sim_noise):  # every simulated engine varies (its flags beside the defaults')
-        from tuning.sweep.spec import load_defaults
+        from tuning.sweep.spec import default_space, load_defaults
 
-        d = load_defaults()  # the flags the sweep would take from its defaults, as build_spec merges them
-        base = {**d.get("space", {}), **d.get("sim", {}).get("space", {})}.get("extra_flags", [])
+        base = default_space(load_defaults(), simulated=True).get("extra_flags", [])  # what the sweep would take
         flags = [*base, "--noise-start-sd", f"{a.sim_noise[0]:g}", "--noise-sd", f"{a.sim_noise[1]:g}"]
         space = Path(a.work) / f"space-{tag}.json"  # JSON is YAML: the sweep's --space reads it
         space.write_text(json.dumps({"extra_flags": flags}))

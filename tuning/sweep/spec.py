@@ -31,8 +31,8 @@ from tuning.sweep.records import metric_name
 from tuning.sweep.space import SearchSpace, load_space_file
 from tuning.sweep.trial import TrialContext
 
-__all__ = ["DEFAULTS_PATH", "GPU_BURN_IN_S", "GPU_ROUNDS", "GPU_WARMUP_REQUESTS", "SweepError", "SweepSpec", "build_spec", "load_defaults",
-           "new_sweep_id", "resumed_spec", "short_measurement_warnings"]
+__all__ = ["DEFAULTS_PATH", "GPU_BURN_IN_S", "GPU_ROUNDS", "GPU_WARMUP_REQUESTS", "SweepError", "SweepSpec", "build_spec",
+           "default_space", "load_defaults", "new_sweep_id", "resumed_spec", "short_measurement_warnings"]
 
 DEFAULTS_PATH = Path(__file__).resolve().parent.parent / "defaults.yaml"
 
@@ -230,6 +230,12 @@ def short_measurement_warnings(spec: SweepSpec) -> list[str]:
             for b in spec.buckets if b.waves < MIN_MEASURED_WAVES]
 
 
+def default_space(defaults: Mapping[str, Any], *, simulated: bool) -> dict[str, Any]:
+    """The space ``defaults.yaml`` gives before ``--space`` and flags: its ``space``, with its ``sim`` section's
+    over it for a simulated sweep."""
+    return {**defaults.get("space", {}), **(defaults.get("sim", {}).get("space", {}) if simulated else {})}
+
+
 def build_spec(args: argparse.Namespace, defaults: Mapping[str, Any] | None = None,
                cluster_gpus: int = 0, cluster_cpus: int = 2) -> SweepSpec:
     """Defaults (``defaults.yaml``; its ``sim`` section when no ``--model``), then ``--space FILE``,
@@ -237,7 +243,7 @@ def build_spec(args: argparse.Namespace, defaults: Mapping[str, Any] | None = No
     d = dict(defaults if defaults is not None else load_defaults())
     simulated = not args.model
     sim = d.get("sim", {}) if simulated else {}
-    space_cfg = {**d.get("space", {}), **sim.get("space", {})}
+    space_cfg = default_space(d, simulated=simulated)
     if args.space:
         space_cfg.update(load_space_file(args.space).get("space", None) or load_space_file(args.space))
     overrides = {
