@@ -108,7 +108,7 @@ def build(agreement: float, a: argparse.Namespace) -> Path:
         shutil.rmtree(old, ignore_errors=True)
     log(f"building {path} (agreement {agreement:g}, sharpness {a.sharpness:g})")
     cmd = [sys.executable, "-m", "tuning.checkpoint.build", str(path), "--preset", PRESET, "--agreement", str(agreement),
-           "--sharpness", str(a.sharpness), "--device", "cuda"]
+           "--sharpness", str(a.sharpness), "--device", "cuda", "--no-digest"]
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     done.write_text(" ".join(cmd))
     return path

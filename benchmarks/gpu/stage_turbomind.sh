@@ -62,7 +62,7 @@ done
 for d in t1 t2 t3 r0 r1; do cp $S/q1/install_part.sh $S/$d/; done
 # Each part travels beside the repository's files (tracked, and untracked ones not ignored) under 64 MiB a call;
 # a lease's results are committed between calls, so warn while less than 8 MiB is left.
-TREE=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | du -cb --files0-from=- 2>/dev/null | tail -n 1 | cut -f1)
+TREE=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | du -cb --files0-from=- 2>/dev/null | tail -n 1 | cut -f1 || true)
 for d in t1 t2 t3 r0 r1; do
   BYTES=$(( $(du -sb $S/$d | cut -f1) + TREE ))
   printf '%s: %d MiB with the repository (%d MiB left)\n' $d $((BYTES >> 20)) $(( (67108864 - BYTES) >> 20 ))

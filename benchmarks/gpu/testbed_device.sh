@@ -2,8 +2,8 @@
 # The MoE testbed's landscape (issue #22 item 3, benchmarks/gpu/measure_landscape.py) on the lent H200:
 # detached, so polling calls stay short; it fills over several leases (what a lease measured comes back
 # in landscape.json, and SEED= carries it into the next one).
-#   carry [".stage/t1"]: NO_TRAIN=1 OUT=$OUT bash benchmarks/gpu/turbomind_device.sh t1     # LMDeploy + FA3
-#   carry [".stage/t3"]: bash .stage/t3/install_part.sh                                      # z3, before part 2
+#   carry [".stage/t1"]: NO_TRAIN=1 OUT=$OUT bash benchmarks/gpu/turbomind_device.sh t1     # LMDeploy
+#   carry [".stage/t3"]: bash .stage/t3/install_part.sh                                      # z3, FA3, ... before part 2
 #   carry [".stage/t2"]: [SEED=benchmarks/results/<dir>/landscape.json] OUT=$OUT bash benchmarks/gpu/testbed_device.sh start [DEADLINE_S]
 #   then, until it says done:  OUT=$OUT bash benchmarks/gpu/testbed_device.sh collect
 # DEADLINE_S (default 1200): no engine starts after it; an engine of the MoE takes ~75-190 s to start.

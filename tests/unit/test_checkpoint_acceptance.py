@@ -229,6 +229,10 @@ def test_cli_prints_the_prediction_and_the_weights_digest(tmp_path: Path, capsys
     assert f"saved {tmp_path / 'c' / 'model.safetensors'} (sha256 {digest[:16]})" in out
     assert build("again", 0)[0] == 0 and weights_sha256(tmp_path / "again") == digest
     assert build("other", 1)[0] == 0 and weights_sha256(tmp_path / "other") != digest
+    assert main([str(tmp_path / "c"), "--agreement", "0.5", "--text-root", str(STDLIB), "--tokenizer-bytes", "300000",
+                 "--hidden", "128", "--layers", "4", "--vocab", "1024", "--heads", "2", "--kv-heads", "1",
+                 "--lin-k-heads", "1", "--lin-v-heads", "2", "--no-digest"]) == 0
+    assert "model.safetensors (not computed)" in capsys.readouterr().out
     assert main([str(tmp_path / "d"), "--agreement", "2"]) == 2
 
 
