@@ -142,7 +142,7 @@ def shape_from(a: argparse.Namespace):
 
 
 def build_tokenizer(tok_dir: Path, vocab: int, nbytes: int):
-    from tuning.checkpoint.build import collect_source_files, train_tokenizer
+    from tuning.checkpoint.tokenizer import collect_source_files, train_tokenizer
 
     files = collect_source_files(None, max_bytes=nbytes, split="train")
     tok_dir.mkdir(parents=True, exist_ok=True)
@@ -414,7 +414,7 @@ def run(a: argparse.Namespace) -> int:
 
         from tokenizers import Tokenizer
 
-        from tuning.checkpoint.build import collect_source_files
+        from tuning.checkpoint.tokenizer import collect_source_files
         from tuning.workload import HFTokenCounter
 
         corpus = "\n".join(f.read_text(errors="replace") for f in collect_source_files(None, max_bytes=1 << 20,

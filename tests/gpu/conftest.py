@@ -29,7 +29,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bool]:
 def prompts(checkpoint: tuple[Path, bool]) -> list[str]:
     from tokenizers import Tokenizer
 
-    from tuning.checkpoint.build import collect_source_files, read_texts
+    from tuning.checkpoint.tokenizer import collect_source_files, read_texts
 
     tok = Tokenizer.from_file(str(checkpoint[0] / "tokenizer.json"))
     texts = read_texts(collect_source_files(max_bytes=2 << 20, split="eval"))

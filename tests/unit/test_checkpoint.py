@@ -19,13 +19,12 @@ import torch  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 
 from tuning.checkpoint.build import (  # noqa: E402
-    SPECIAL_TOKENS,
     CheckpointError,
     ModelShape,
     build_checkpoint,
-    collect_source_files,
     mrope_section,
 )
+from tuning.checkpoint.tokenizer import SPECIAL_TOKENS, collect_source_files  # noqa: E402
 
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 needs_transformers = pytest.mark.skipif(not HAS_TRANSFORMERS, reason="needs transformers (Qwen3.5 classes)")

@@ -19,7 +19,8 @@ if str(ROOT) not in sys.path:
 from benchmarks import sim_fit_testbed as testbed  # noqa: E402
 from orchestrator.sim.model import Profile, list_profiles, load_profile  # noqa: E402
 from orchestrator.sim.scheduler import simulate_workload  # noqa: E402
-from tuning.checkpoint.build import PRESETS, SPECIAL_TOKENS, ModelShape, make_config  # noqa: E402
+from tuning.checkpoint.build import PRESETS, ModelShape, make_config  # noqa: E402
+from tuning.checkpoint.tokenizer import SPECIAL_TOKENS  # noqa: E402
 from tuning.checkpoint.footprint import footprint  # noqa: E402
 from tuning.simfit import (  # noqa: E402
     ACCEPT_TOLERANCE,

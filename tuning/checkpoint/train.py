@@ -53,11 +53,10 @@ from tuning.checkpoint.build import (
     CheckpointError,
     _shape_args,
     build_checkpoint,
-    collect_source_files,
-    read_texts,
     shape_from_args,
     weights_sha256,
 )
+from tuning.checkpoint.tokenizer import collect_source_files, read_texts
 
 __all__ = ["MtpHead", "Qwen35WithMtp", "TrainConfig", "chain_hidden", "chain_matches", "load_model",
            "predict_acceptance", "walk_steps", "main"]
