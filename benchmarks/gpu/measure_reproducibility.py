@@ -123,7 +123,7 @@ def _short(record: Mapping[str, Any]) -> str:
     return ", ".join(f"{name} {digest[:16]}" for name, digest in sorted(record.get("files", {}).items())) or "no weights"
 
 
-def sweep(tag: str, a: argparse.Namespace) -> dict[str, Any]:
+def sweep(tag: str, a: argparse.Namespace, record: Mapping[str, Any]) -> dict[str, Any]:
     run_dir = Path(a.work) / f"sweep-{tag}"
     if (run_dir / "routing_table.json").exists() and a.reuse:
         return {"run_dir": str(run_dir), "reused": True}
@@ -148,7 +148,7 @@ def sweep(tag: str, a: argparse.Namespace) -> dict[str, Any]:
     # The sweep stops its own rounds early enough to commit a table before the timeout kills it.
     cmd += ["--stop-after-s", f"{max(a.time_budget_s, a.sweep_timeout_s - STOP_MARGIN_S):g}"]
     run_dir.mkdir(parents=True)  # the record first: a table is never in the folder without it
-    (run_dir / WEIGHTS_RECORD).write_text(json.dumps(weights(a.ckpt, a.sim), indent=1))
+    (run_dir / WEIGHTS_RECORD).write_text(json.dumps(record, indent=1))
     t = time.monotonic()
     proc = e2e.run(cmd, timeout=a.sweep_timeout_s, check=False, log_to=Path(a.out) / f"sweep_{tag}.log")
     out = {"run_dir": str(run_dir), "rc": proc.returncode, "wall_s": round(time.monotonic() - t, 1), "command": " ".join(cmd)}
@@ -302,19 +302,23 @@ def main(argv: list[str] | None = None) -> int:
     def save() -> None:
         (out_dir / "reproducibility.json").write_text(json.dumps(result, indent=1, default=str))
 
+    def end(key: str, text: str, rc: int) -> int:
+        """Stop here: ``text`` as the result's ``error`` or ``next``, said and saved."""
+        result[key] = text
+        log(text)
+        save()
+        return rc
+
     result["weights"] = now = weights(a.ckpt, a.sim)
     reused = [tag for tag in SEEDS if a.reuse and (work / f"sweep-{tag}" / "routing_table.json").exists()]
     if differ := weights_differences(now, work, reused):  # before a lease is spent on the other sweep
-        result["error"] = (f"tables measured on other weights do not compare ({'; '.join(differ)}): build the "
-                           "checkpoint the same way in every lease (tuning.checkpoint.build --agreement), or sweep "
-                           "again")
-        log(result["error"])
-        save()
-        return 1
+        return end("error", f"tables measured on other weights do not compare ({'; '.join(differ)}): build the "
+                   "checkpoint the same way in every lease (tuning.checkpoint.build --agreement), or sweep again", 1)
+    again = list(argv if argv is not None else sys.argv[1:])  # for the later call this one prints
 
     with e2e.ray_cluster([0], sim=a.sim, num_cpus=a.num_cpus):
         for tag in run_now:
-            result[f"sweep_{tag}"] = sweep(tag, a)
+            result[f"sweep_{tag}"] = sweep(tag, a, now)
             log(f"sweep {tag}: rc {result[f'sweep_{tag}'].get('rc')}, {result[f'sweep_{tag}'].get('wall_s')} s")
             save()
         paths = {tag: work / f"sweep-{tag}" / "routing_table.json" for tag in SEEDS}
@@ -323,37 +327,22 @@ def main(argv: list[str] | None = None) -> int:
                 result[f"sweep_{tag}"] = {"run_dir": str(paths[tag].parent), "reused": True}
         missing = [tag for tag in SEEDS if not paths[tag].exists() or (tag not in run_now and not a.reuse)]
         if missing and any(t in run_now for t in missing):
-            result["error"] = f"sweep {', '.join(t for t in missing if t in run_now)} committed no table"
-            save()
-            return 1
+            return end("error", f"sweep {', '.join(t for t in missing if t in run_now)} committed no table", 1)
         if missing and not run_now:
-            result["error"] = (f"--sweeps none serves two committed tables: no table of sweep {', '.join(missing)} in "
-                               f"{work}")
-            log(result["error"])
-            save()
-            return 1
+            return end("error", f"--sweeps none serves two committed tables: no table of sweep {', '.join(missing)} "
+                       f"in {work}", 1)
         if missing:  # the other sweep is for a later call: this one's table is in --work (and its run in --out)
-            again = list(argv if argv is not None else sys.argv[1:])
-            result["next"] = (f"sweep {', '.join(missing)} has no table here yet: in a later call (a later lease, the "
-                              f"same checkpoint) run {Path(__file__).name} {' '.join(_later_call(again, missing))} "
-                              f"--reuse --work <a copy of {work}>, which then serves both tables side by side")
-            log(result["next"])
-            save()
-            return 0
+            return end("next", f"sweep {', '.join(missing)} has no table here yet: in a later call (a later lease, "
+                       f"the same checkpoint) run {Path(__file__).name} {' '.join(_later_call(again, missing))} "
+                       f"--reuse --work <a copy of {work}>, which then serves both tables side by side", 0)
         if (differ := spec_differences(*(json.loads((work / f"sweep-{t}" / "sweep.json").read_text()) for t in SEEDS))):
-            result["error"] = f"the two sweeps measured different spaces ({'; '.join(differ)}): their tables do not compare"
-            log(result["error"])
-            save()
-            return 1
+            return end("error", f"the two sweeps measured different spaces ({'; '.join(differ)}): their tables do "
+                       "not compare", 1)
         if a.no_side_by_side:
-            again = list(argv if argv is not None else sys.argv[1:])
             later = [x for x in _later_call(again, ["none"]) if x != "--no-side-by-side"]
-            result["next"] = (f"both tables are in {work}: in a later call (a later lease, the same checkpoint) run "
-                              f"{Path(__file__).name} {' '.join(later)} --reuse --work <a copy of {work}> to serve "
-                              "them side by side")
-            log(result["next"])
-            save()
-            return 0
+            return end("next", f"both tables are in {work}: in a later call (a later lease, the same checkpoint) run "
+                       f"{Path(__file__).name} {' '.join(later)} --reuse --work <a copy of {work}> to serve them side "
+                       "by side", 0)
         tables = {tag: routing.load(p) for tag, p in paths.items()}
         result["choices"] = {tag: choices(t) for tag, t in tables.items()}
         result["same_configs"] = set(tables["a"].distinct_configs()) == set(tables["b"].distinct_configs())
@@ -370,9 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         for tag in SEEDS:
             result[f"deploy_{tag}"] = deploy(tag, paths[tag], a)
             if result[f"deploy_{tag}"]["rc"] != 0:
-                result["error"] = f"table {tag} did not deploy"
-                save()
-                return 1
+                return end("error", f"table {tag} did not deploy", 1)
         for tag in SEEDS:  # unmeasured passes, at least one and --warm-up-s long: fresh engines' first
             t0 = time.monotonic()  # full-length and first sampled batches run slow
             passes = 0

@@ -133,23 +133,23 @@ def test_the_reproducibility_script_passes_the_flag_to_its_sweeps(monkeypatch, t
     args = type("A", (), {"work": str(tmp_path), "reuse": False, "num_trials": 2, "time_budget_s": 10,
                           "temperatures": "0,0.8", "traffic_mix": "mix.yaml", "decide_rounds": 4,
                           "decide_starts": 2, "burn_in_s": None, "sim": True, "sweep_timeout_s": 5,
-                          "baseline_memory_fraction": None, "sim_noise": None, "ckpt": None,
+                          "baseline_memory_fraction": None, "sim_noise": None,
                           "out": str(tmp_path)})()
-    repro.sweep("a", args)
+    repro.sweep("a", args, {"simulated": True})
     cmd = seen["cmd"]
     assert cmd[cmd.index("--decide-rounds") + 1] == "4" and cmd[cmd.index("--decide-starts") + 1] == "2"
     assert "--baseline-memory-fraction" not in cmd
     assert cmd[cmd.index("--stop-after-s") + 1] == "10"  # never before the time budget
     args.baseline_memory_fraction = 0.06
     args.sweep_timeout_s = 1260
-    repro.sweep("a", args)
+    repro.sweep("a", args, {"simulated": True})
     cmd = seen["cmd"]
     assert cmd[cmd.index("--baseline-memory-fraction") + 1] == "0.06"
     # the sweep's own hard limit leaves it the margin to commit a table before the timeout kills it
     assert cmd[cmd.index("--stop-after-s") + 1] == f"{1260 - repro.STOP_MARGIN_S:g}"
     assert "--space" not in cmd
     args.sim_noise = (0.05, 0.1)  # simulated engines that vary: the flags reach every engine of the space
-    repro.sweep("a", args)
+    repro.sweep("a", args, {"simulated": True})
     cmd = seen["cmd"]
     flags = json.loads(Path(cmd[cmd.index("--space") + 1]).read_text())["extra_flags"]
     assert flags[-4:] == ["--noise-start-sd", "0.05", "--noise-sd", "0.1"] and "--startup-delay" in flags
@@ -169,13 +169,13 @@ def test_the_reproducibility_script_can_run_one_sweep_now_and_the_other_later(mo
 
     ran: list[str] = []
 
-    def sweep(tag, a):
+    def sweep(tag, a, record):
         ran.append(tag)
         table = Path(a.work) / f"sweep-{tag}" / "routing_table.json"
         table.parent.mkdir(parents=True, exist_ok=True)
         table.write_text("{}")
         (table.parent / "sweep.json").write_text(json.dumps({"seed": repro.SEEDS[tag], "buckets": a.buckets}))
-        (table.parent / repro.WEIGHTS_RECORD).write_text(json.dumps(repro.weights(a.ckpt, a.sim)))
+        (table.parent / repro.WEIGHTS_RECORD).write_text(json.dumps(record))
         return {"rc": 0, "wall_s": 1.0}
 
     monkeypatch.setattr(repro, "sweep", sweep)
