@@ -90,7 +90,7 @@ class BudgetedSearch(Searcher):
             return Searcher.FINISHED
         if self.named_first and self.named_open and not self._named_open_checked:
             self._drop_finished_named()
-        if self.named_first and self.named_open and not self._named_waiting():
+        if self._search_held():
             return None  # not now: Tune asks again
         for attempt in range(self.max_dedupe_attempts):
             trial = self.study.ask()
@@ -109,7 +109,7 @@ class BudgetedSearch(Searcher):
             trial.set_user_attr("duplicate_of", key)
             # Measured: tell the study the measured value. Being measured: pruned (TPE ignores it).
             self._tell(trial.number, known, error=False)
-            if self.named_first and self.named_open and not self._named_waiting():
+            if self._search_held():
                 return None  # the duplicate was the last baseline: the hold applies again
         return None  # unreachable
 
@@ -196,6 +196,10 @@ class BudgetedSearch(Searcher):
                             skip_if_finished=True)
         except ValueError as e:  # e.g. a NaN objective: the trial stays out of the model
             logger.warning("trial %d not told to the study: %s", number, e)
+
+    def _search_held(self) -> bool:
+        """Whether the next suggestion would be a search trial while a baseline is still open (``named_first``)."""
+        return self.named_first and bool(self.named_open) and not self._named_waiting()
 
     def _named_waiting(self) -> bool:
         """Whether the study's next trial is another baseline: the named points wait in the study
