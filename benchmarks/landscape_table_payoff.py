@@ -61,7 +61,7 @@ from orchestrator.hostinfo import cpu_model, git_commit  # noqa: E402
 from tuning.cap import best_routing, pooled_rate  # noqa: E402
 from tuning.replicas import mix_rate, work_per_config  # noqa: E402
 from tuning.simfit import WARM_REPEAT_PREFIXES, RepeatPair, repeat_noise, repeat_pairs  # noqa: E402
-from tuning.stats import PooledNoise, t_quantile  # noqa: E402
+from tuning.stats import PooledNoise, sd_interval, t_quantile  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 DEFAULT_LANDSCAPE = RESULTS / "gpu_landscape_h200_2026-12-04_a0.5" / "landscape.json"
@@ -506,7 +506,6 @@ def main(argv: list[str] | None = None) -> int:
     prefixes = tuple(a.noise_pairs or DEFAULT_NOISE_PAIRS)
     used, other = repeat_pairs(landscape, prefixes)
     noise = noise_of(used)
-    lo_q, hi_q = _chi2_quantiles(noise.df)
     rows = analyse(landscape, mixes, noise, draws=a.draws, seed=a.seed)
     logs = [q.log_ratio for q in used]
     result = {
@@ -515,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         "mixes": {m: {part_name(p): s for p, s in sorted(shares.items())} for m, shares in mixes.items()},
         "noise": {"prefixes": list(prefixes), "sd": noise.sd, "df": noise.df, "mean_log_ratio": sum(logs) / len(logs),
                   "t_quantile": t_quantile(0.5 + LEVEL / 2, noise.df),
-                  "sd_band": [noise.sd * math.sqrt(noise.df / hi_q), noise.sd * math.sqrt(noise.df / lo_q)],
+                  "sd_band": list(sd_interval(noise.sd, noise.df)),
                   "single_ratio_band": list(single_ratio_band(noise)),
                   "used": [_pair_json(q) for q in used], "not_used": [_pair_json(q) for q in other],
                   "not_used_reason": NOT_USED_REASON if other and prefixes == DEFAULT_NOISE_PAIRS else ""},
@@ -539,15 +538,6 @@ def _pair_json(q: RepeatPair) -> dict[str, Any]:
 
 def _secs(run_s: Sequence[float | None]) -> str:
     return " / ".join("?" if x is None else f"{x:.1f}" for x in run_s) + " s"
-
-
-def _chi2_quantiles(df: int) -> tuple[float, float]:
-    """The 2.5 % and 97.5 % quantiles of chi-square with ``df`` degrees of freedom (Wilson-Hilferty; within
-    ~1 % from 3 df up, enough for a rough band on the sd)."""
-    z = 1.959964
-    def q(sign: float) -> float:
-        return df * (1 - 2 / (9 * df) + sign * z * math.sqrt(2 / (9 * df))) ** 3
-    return q(-1), q(1)
 
 
 if __name__ == "__main__":

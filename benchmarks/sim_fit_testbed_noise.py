@@ -60,6 +60,7 @@ if str(ROOT) not in sys.path:
 
 from tuning.simfit import (THROUGHPUT_TOLERANCE, WARM_REPEAT_PREFIXES, RepeatPair,  # noqa: E402
                            repeat_noise, repeat_pairs)
+from tuning.stats import sd_interval  # noqa: E402
 
 DEFAULT_LANDSCAPE = Path("benchmarks/results/gpu_landscape_h200_2026-12-04_a0.5/landscape.json")
 DEFAULT_FIT = Path("benchmarks/results/sim_fit_testbed_2026-12-04.json")
@@ -271,12 +272,6 @@ def chi2_sf(x: float, df: int) -> float:
     return 1.0 - NormalDist().cdf(((max(x, 0.0) / df) ** (1.0 / 3.0) - (1.0 - k)) / math.sqrt(k))
 
 
-def chi2_quantile(p: float, df: int) -> float:
-    """The ``p`` quantile of chi-square, Wilson-Hilferty."""
-    k = 2.0 / (9.0 * df)
-    return df * max(1.0 - k + NormalDist().inv_cdf(p) * math.sqrt(k), 0.0) ** 3
-
-
 def golden_min(f: Callable[[float], float], lo: float, hi: float, *, tol: float = 1e-6, grid: int = 0) -> float:
     """Minimise a 1-D function on ``[lo, hi]`` by golden section; with ``grid`` > 0 a coarse grid first picks
     the bracket, so one of several local minima cannot capture the search."""
@@ -315,12 +310,6 @@ def one_run_sd(diffs: Sequence[float], *, centre: bool) -> float:
     if centre:
         return float(math.sqrt(np.var(d, ddof=1) / 2.0)) if d.size > 1 else float("nan")
     return float(math.sqrt(np.mean(d * d) / 2.0)) if d.size else float("nan")
-
-
-def sd_interval(sd: float, df: int, level: float = LEVEL) -> tuple[float, float]:
-    """The chi-square interval of an sd estimated with ``df`` degrees of freedom (Wilson-Hilferty quantiles)."""
-    low_q = chi2_quantile(0.5 - level / 2, df)
-    return (sd * math.sqrt(df / chi2_quantile(0.5 + level / 2, df)), sd * math.sqrt(df / low_q) if low_q > 0 else math.inf)
 
 
 def direct_repeats(landscape: Mapping[str, Any]) -> dict[str, Any]:
