@@ -42,7 +42,6 @@ import json
 import math
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -60,6 +59,7 @@ if str(ROOT) not in sys.path:
 
 from tuning.simfit import (THROUGHPUT_TOLERANCE, WARM_REPEAT_PREFIXES, RepeatPair,  # noqa: E402
                            repeat_noise, repeat_pairs)
+from orchestrator.hostinfo import git_commit  # noqa: E402
 from tuning.stats import sd_interval  # noqa: E402
 
 DEFAULT_LANDSCAPE = Path("benchmarks/results/gpu_landscape_h200_2026-12-04_a0.5/landscape.json")
@@ -1159,15 +1159,6 @@ def _rel(path: Path) -> str:
         return str(path)
 
 
-def git_commit() -> str:
-    """The checkout's commit (``git rev-parse HEAD``), or ``unknown``."""
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
@@ -1187,7 +1178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     start = time.monotonic()
     paths = {k: (p if p.is_absolute() else ROOT / p) for k, p in (("landscape", args.landscape), ("fit", args.fit))}
-    landscape, fit = (json.loads(paths[k].read_text()) for k in ("landscape", "fit"))
+    raw = {k: p.read_bytes() for k, p in paths.items()}  # read once: parsed here, hashed for the record
+    landscape, fit = (json.loads(raw[k]) for k in ("landscape", "fit"))
     if landscape.get("simulated"):
         raise NoiseError(f"{args.landscape} is SIMULATED; this analysis needs GPU measurements")
     r = analyse(landscape, fit, reps=args.bootstrap, seed=args.seed, draws=args.draws, landscape_path=paths["landscape"])
@@ -1195,10 +1187,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = args.name or f"sim_fit_testbed_noise_{now.date().isoformat()}"
     r["provenance"] = {
         "command": " ".join(["python benchmarks/sim_fit_testbed_noise.py", *argv]).strip(),
-        "created_at": now.isoformat(timespec="seconds"), "git_commit": git_commit(),
+        "created_at": now.isoformat(timespec="seconds"), "git_commit": git_commit(ROOT) or "unknown",
         "python": platform.python_version(), "numpy": np.__version__,
-        "landscape": _rel(paths["landscape"]), "landscape_sha256": hashlib.sha256(paths["landscape"].read_bytes()).hexdigest(),
-        "fit": _rel(paths["fit"]), "fit_sha256": hashlib.sha256(paths["fit"].read_bytes()).hexdigest(),
+        "landscape": _rel(paths["landscape"]), "landscape_sha256": hashlib.sha256(raw["landscape"]).hexdigest(),
+        "fit": _rel(paths["fit"]), "fit_sha256": hashlib.sha256(raw["fit"]).hexdigest(),
         "what": "analysis of committed GPU measurements on this machine's CPU; SIMULATED figures from the committed fit",
         "wall_s": time.monotonic() - start,
     }
