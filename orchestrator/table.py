@@ -250,7 +250,7 @@ class GpuBudget(_Model):
     replicas: dict[str, int] = Field(
         default_factory=dict,
         description="engine key -> whole replicas on the budget's GPUs, sized by each config's share of the "
-                    "traffic's work (tuning.replicas); empty: one replica each. Deploy's scaling overrides it",
+                    "traffic's work (tuning.choose.replicas); empty: one replica each. Deploy's scaling overrides it",
     )
 
     @field_validator("replicas")

@@ -6,7 +6,13 @@ import pandas as pd
 import pytest
 
 from tuning.buckets import make_buckets
-from tuning.mixed import bucket_prompts, bucket_tokens, mixed_throughput, per_config_throughput, predict
+from tuning.choose.mix import (
+    bucket_prompts,
+    bucket_tokens,
+    mixed_throughput,
+    per_config_throughput,
+    predict,
+)
 
 
 def test_mixed_throughput_is_total_tokens_over_the_time_each_bucket_takes():

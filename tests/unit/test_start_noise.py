@@ -13,8 +13,9 @@ import pytest
 from orchestrator.config import Backend, EngineConfig
 from tests.bench_results import bench_result
 from tuning.buckets import make_buckets
-from tuning.cells import CellMeasurement, choose_cells
-from tuning.results import cell_measurements, is_cached_copy, pooled_noise, results_frame, rows_for_trial
+from tuning.choose.cells import CellMeasurement, cell_measurements, choose_cells
+from tuning.choose.noise import pooled_noise
+from tuning.results import is_cached_copy, results_frame, rows_for_trial
 from tuning.stats import PooledNoise, effective_starts
 
 

@@ -8,14 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.table import RoutingTable
+from tuning.choose.decision import ROLE_DECIDE
 from tuning.results import (
     BUSY_HOST_SHARE,
     STATUS_OK,
     behind_schedule_rows,
     busy_host_rows,
-    summary_rows,
 )
-from tuning.sweep.decide import DECIDE_DIR, ROLE_DECIDE
+from tuning.sweep.decide import DECIDE_DIR
 from tuning.sweep.runner import SweepOutcome
 from tuning.sweep.spec import SweepSpec
 
@@ -125,8 +125,8 @@ def serving_line(table: RoutingTable, spec: SweepSpec) -> str:
 
 def mixed_line(table: RoutingTable, results: Any) -> str | None:
     """The table against the best single config on the buckets in proportion, predicted from this
-    sweep's figures (:mod:`tuning.mixed`): whether serving several configs pays at all."""
-    from tuning.mixed import predict_for_table
+    sweep's figures (:mod:`tuning.choose.mix`): whether serving several configs pays at all."""
+    from tuning.choose.mix import predict_for_table
 
     pred = predict_for_table(table, results)
     if pred is None:
@@ -141,12 +141,12 @@ def mixed_line(table: RoutingTable, results: Any) -> str | None:
 def traffic_line(table: RoutingTable, results: Any, spec: SweepSpec, traffic: Any) -> str:
     """The table (its primaries and cells) against every single config on the user's traffic mix, over
     every load level the sweep measured (in equal shares of the tokens) or at the buckets' primary load,
-    predicted from this sweep's figures (:func:`tuning.sweep.choose.predict_on_mix`), with the engines'
+    predicted from this sweep's figures (:func:`tuning.choose.prediction.predict_on_mix`), with the engines'
     time split between parts at will. A table of several configs with no serving plan (no
     ``--serve-gpus``) is deployed one engine per config, so that case is predicted too
-    (:func:`tuning.sweep.choose.predict_on_engines`): with whole engines one config may carry most of
+    (:func:`tuning.choose.prediction.predict_on_engines`): with whole engines one config may carry most of
     the mix, and the table can lose what its routing gains."""
-    from tuning.sweep.choose import predict_on_engines, predict_on_mix
+    from tuning.choose.prediction import predict_on_engines, predict_on_mix
 
     pred, where = predict_on_mix(table, results, spec.buckets, traffic)
     if pred is None:
@@ -204,3 +204,18 @@ def behind_schedule_line(results: Any) -> str | None:
 
 def _pct(v: float | None) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v * 100:+.1f}%"
+
+
+def summary_rows(table: RoutingTable) -> list[dict[str, Any]]:
+    """Per bucket: label of the chosen config, throughput, gains (for the CLI's summary table)."""
+    out = []
+    for b in table.buckets:
+        cfg = b.engine_config()
+        out.append({
+            "bucket": b.name, "config": cfg.label(), "output_throughput": b.figures.output_throughput,
+            "accept_length": b.figures.accept_length,
+            "gain_vs_mtp_off": b.gains.get("mtp_off"), "gain_vs_static": b.gains.get("static"),
+            "load_variants": [f">={v.min_concurrency}: {v.engine_config().label()}" for v in b.load_variants]
+            + [f"{c.sampling or 'any'} >={c.min_in_flight}: {c.engine_config().label()}" for c in b.cells],
+        })
+    return out
