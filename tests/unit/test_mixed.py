@@ -1,4 +1,4 @@
-"""The mixed-workload prediction (:mod:`tuning.mixed`): hand-computed figures, and the line the sweep
+"""The mixed-workload prediction (:mod:`tuning.choose.mix`): hand-computed figures, and the line the sweep
 prints from a real results frame."""
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 
 The run dir is built the way the sweep builds one, without Ray: each config's bucket figures come from
 the simulator's pure model (:func:`orchestrator.sim.simulate_workload`), rows from
-:func:`tuning.results.rows_for_trial`, the table from :func:`tuning.results.pick_best` and
-:func:`tuning.results.commit_table`.
+:func:`tuning.results.rows_for_trial`, the table from :func:`tuning.choose.pick.pick_best` and
+:func:`tuning.choose.commit.commit_table`.
 """
 from __future__ import annotations
 

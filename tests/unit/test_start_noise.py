@@ -1,7 +1,7 @@
 """The variation between engine starts (:class:`tuning.stats.PooledNoise` ``start_sd``): estimated where a
 config was measured on one cell by several starts, carried by every comparison, and what it does to a
-sweep's choices (:func:`tuning.results.pooled_noise`, :func:`tuning.results.cell_measurements`,
-:func:`tuning.cells.choose_cells`)."""
+sweep's choices (:func:`tuning.choose.noise.pooled_noise`, :func:`tuning.choose.cells.cell_measurements`,
+:func:`tuning.choose.cells.choose_cells`)."""
 from __future__ import annotations
 
 import math
