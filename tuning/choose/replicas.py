@@ -25,8 +25,8 @@ from orchestrator.table import Cell
 from tuning.choose.cells import BucketChoice, CellMeasurement
 from tuning.choose.mix import mix_parts, part_rates
 
-__all__ = ["MAX_CONFIGS", "MAX_REPLICAS", "EnginesPrediction", "ServingPlan", "mix_rate", "on_engines", "plan_serving",
-           "size_replicas", "work_per_config"]
+__all__ = ["MAX_CONFIGS", "MAX_REPLICAS", "EnginesPrediction", "ServingPlan", "choices_from_routes", "mix_rate", "on_engines",
+           "plan_serving", "size_replicas", "work_per_config"]
 
 Part = tuple[str, str, int]
 """(bucket, sampling band, load level)."""
@@ -214,7 +214,7 @@ def plan_serving(measurements: Sequence[CellMeasurement], choices: Mapping[str, 
         routes = {p: key for p in shares}
         replicas = size_replicas(work_per_config(routes, shares, rates), fits)
         rate = single[1]
-    planned = _choices_from_routes(routes, measurements, choices, primary_band)
+    planned = choices_from_routes(routes, measurements, choices, primary_band)
     if set(replicas) != set(own_replicas) or planned != dict(choices):
         dropped = sorted(table_keys - set(replicas))
         notes.insert(0, f"as chosen per replica the table would make {own_rate:,.0f} tok/s on whole replicas, the "
@@ -223,7 +223,7 @@ def plan_serving(measurements: Sequence[CellMeasurement], choices: Mapping[str, 
     return ServingPlan(choices=planned, replicas=replicas, throughput=rate, single=single, notes=tuple(notes))
 
 
-def _choices_from_routes(routes: Mapping[Part, str], measurements: Sequence[CellMeasurement],
+def choices_from_routes(routes: Mapping[Part, str], measurements: Sequence[CellMeasurement],
                          choices: Mapping[str, BucketChoice], primary_band: str) -> dict[str, BucketChoice]:
     """Each bucket as ``routes`` serve it: the primary is the route on the bucket's primary cell (the
     table's primary when the mix has no tokens there), and a cell wherever another (band, level) of the

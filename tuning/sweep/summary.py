@@ -7,6 +7,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from orchestrator.config import Backend
 from orchestrator.table import RoutingTable
 from tuning.choose.decision import ROLE_DECIDE
 from tuning.results import (
@@ -26,6 +27,7 @@ __all__ = [
     "next_commands",
     "print_summary",
     "serving_line",
+    "shared_gpu_line",
     "traffic_line",
 ]
 
@@ -110,9 +112,10 @@ def serving_line(table: RoutingTable, spec: SweepSpec) -> str:
     if budget is not None and budget.replicas:
         configs = table.distinct_configs()
         per = ", ".join(f"{configs[k].label()} x{r}" for k, r in budget.replicas.items())
-        return (f"serving:        {sum(budget.replicas.values())} {'simulated ' if spec.simulated else ''}replica(s) "
+        line = (f"serving:        {sum(budget.replicas.values())} {'simulated ' if spec.simulated else ''}replica(s) "
                 f"of {n} engine(s) on --serve-gpus {budget.gpus}{' --share-gpu' if budget.share_gpu else ''}: {per} "
                 "(deploy uses these replicas unless its scaling says otherwise)")
+        return line + (f"\n{shared_gpu_line(table)}" if budget.shared else "")
     if spec.simulated:
         return f"serving:        {n} simulated engine(s), no GPU"
     shareable = any(c.tp == 1 for c in table.distinct_configs().values())
@@ -121,6 +124,19 @@ def serving_line(table: RoutingTable, spec: SweepSpec) -> str:
     if spec.serve_gpus is not None:
         line += f" (chosen to fit --serve-gpus {spec.serve_gpus}{' --share-gpu' if spec.share_gpu else ''})"
     return line
+
+
+def shared_gpu_line(table: RoutingTable) -> str | None:
+    """Which engines share which GPU under the table's plan (``gpu_budget.shared``: one replica of each on
+    every GPU of the budget, time-sliced), with the share of a GPU each reserves; ``None`` when none do."""
+    budget = table.provenance.gpu_budget
+    if budget is None or not budget.shared:
+        return None
+    configs = table.distinct_configs()
+    engines = " + ".join(f"{configs[k].label()} ({configs[k].gpu_request(share_gpu=True):g} GPU reserved)"
+                         if configs[k].backend is not Backend.SIM else configs[k].label() for k in budget.shared)
+    gpus = "GPU 0" if budget.gpus == 1 else f"each of GPUs 0-{budget.gpus - 1}"
+    return f"shared GPU:     {gpus} time-shared by {engines}"
 
 
 def mixed_line(table: RoutingTable, results: Any) -> str | None:
