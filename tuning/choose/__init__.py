@@ -13,6 +13,8 @@ One concept per module; each imports :mod:`tuning.results` (the rows' schema), n
 - :mod:`~tuning.choose.replicas` — whole replicas per config on a fixed pool of GPUs;
 - :mod:`~tuning.choose.cap` — the best routing any table could do on a number of replicas;
 - :mod:`~tuning.choose.prediction` — a table against single configs on a traffic mix;
+- :mod:`~tuning.choose.shared_gpu` — tp=1 engines time-sharing one GPU: memory fit, rate, the noise rule;
+- :mod:`~tuning.choose.footprints` — each config's GPU memory, where it is known (simulated configs);
 - :mod:`~tuning.choose.plan` — a table's serving plan on its GPU budget;
 - :mod:`~tuning.choose.table` — :func:`choose_table`: the table the sweep commits;
 - :mod:`~tuning.choose.decision` — what the sweep measures again before it commits;
@@ -49,6 +51,13 @@ from tuning.choose.plan import plan_replicas
 from tuning.choose.prediction import predict_on_engines, predict_on_mix
 from tuning.choose.rank import consolidate, measured_at_primary
 from tuning.choose.replicas import ServingPlan, plan_serving
+from tuning.choose.shared_gpu import (
+    EngineFootprint,
+    SharedGpuFitError,
+    SharedGpuPlan,
+    check_fits_one_gpu,
+    plan_shared_gpu,
+)
 from tuning.choose.table import choose_table, no_worse_than_one_config, pick_for
 
 __all__ = [
@@ -61,11 +70,15 @@ __all__ = [
     "CellMeasurement",
     "Constraints",
     "DecisionPlan",
+    "EngineFootprint",
     "IncompleteResultsError",
     "MixedPrediction",
     "ServingPlan",
+    "SharedGpuFitError",
+    "SharedGpuPlan",
     "Undecided",
     "cell_measurements",
+    "check_fits_one_gpu",
     "choose_cells",
     "choose_table",
     "commit_table",
@@ -81,6 +94,7 @@ __all__ = [
     "plan_decision",
     "plan_replicas",
     "plan_serving",
+    "plan_shared_gpu",
     "pooled_noise",
     "predict",
     "predict_for_table",
