@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import tempfile
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,7 @@ __all__ = [
     "resources_needed",
     "load_table",
     "router_spec",
+    "simulated_shared_gpu",
 ]
 
 ROUTER_DEPLOYMENT = "router"
@@ -291,6 +293,17 @@ def gpu_requests(args: AppArgs, table: RoutingTable, keys: Collection[str] | Non
             for _ in range(_min_replicas(scaling_for(args, table, key)))]
 
 
+def simulated_shared_gpu(table: RoutingTable, key: str) -> str | None:
+    """The directory through which the simulated engines the table's plan put on one GPU slow each other
+    (:mod:`orchestrator.sim.gpu_share`), one per table and host; ``None`` for an engine that shares no GPU,
+    and on a plan of several GPUs, whose replicas Serve places without saying which GPU each stands for."""
+    budget = table.provenance.gpu_budget
+    if budget is None or key not in budget.shared or budget.gpus != 1:
+        return None
+    digest = hashlib.sha256(json.dumps(sorted(budget.shared)).encode()).hexdigest()[:12]
+    return str(Path(tempfile.gettempdir()) / "mtp-autotune" / "shared-gpu" / digest)
+
+
 def check_shared_gpu(table: RoutingTable) -> None:
     """Refuse a table whose plan puts engines on one GPU (``provenance.gpu_budget.shared``) that are not
     its own tp=1 configs, or whose reservations (memory fraction + headroom each) add up to more than one
@@ -456,6 +469,8 @@ def build_app(
             "metrics_poll_s": opts.metrics_poll_s,
             "accept_length_low_threshold": opts.accept_length_low_threshold,
         }
+        if cfg.backend is Backend.SIM and (shared := simulated_shared_gpu(table, key)) is not None:
+            kwargs["sim_shared_gpu"] = shared
         scaling = scaling_for(args, table, key)
         deployment = serve.deployment(EngineReplica).options(
             name=key,

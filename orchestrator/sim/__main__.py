@@ -10,11 +10,12 @@ import argparse
 import asyncio
 import dataclasses
 import logging
+import os
 import signal
 import sys
 import time
 
-from orchestrator.sim.gpu_share import SharedGpu
+from orchestrator.sim.gpu_share import SHARED_GPU_ENV, SharedGpu
 from orchestrator.sim.model import (
     DEFAULT_PROFILE,
     SIM_BACKENDS,
@@ -74,9 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--noise-seed", type=int, default=None,
                    help="fixed draws, the same for every engine (default: fresh at every start, as two GPU "
                    "starts differ)")
-    p.add_argument("--shared-gpu", metavar="DIR", default=None,
+    p.add_argument("--shared-gpu", metavar="DIR", default=os.environ.get(SHARED_GPU_ENV) or None,
                    help="share one GPU with the simulated engines given the same directory: each iteration takes "
-                   "as many times longer as engines are busy on it (time-slicing)")
+                   f"as many times longer as engines are busy on it (time-slicing; default: ${SHARED_GPU_ENV})")
     p.add_argument("--log-level", default="INFO")
     return p
 

@@ -16,7 +16,11 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["SharedGpu", "time_slice_factor"]
+__all__ = ["SHARED_GPU_ENV", "SharedGpu", "time_slice_factor"]
+
+SHARED_GPU_ENV = "MTP_SIM_SHARED_GPU"
+"""The environment variable that gives a simulated engine its ``--shared-gpu`` directory when the flag is not
+given: how a Serve replica declares its engine's shared GPU without changing the engine's config (its key)."""
 
 
 def time_slice_factor(busy_until: Mapping[str, float], me: str, now: float) -> int:

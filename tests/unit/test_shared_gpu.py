@@ -236,3 +236,27 @@ def test_the_summary_shows_which_engines_share_which_gpu():
 
     assert serving_line(table, Spec()).endswith(line)
     assert shared_gpu_line(_planned(spread=0.6)) is None
+
+
+def _shared_table_file(tmp_path, table: RoutingTable) -> str:
+    from orchestrator import table as routing
+
+    path = tmp_path / "shared.json"
+    routing.commit(table, path)
+    return str(path)
+
+
+def test_the_built_app_gives_shared_engines_fractional_gpus_and_simulated_ones_one_shared_clock(tmp_path):
+    pytest.importorskip("ray.serve")
+    from orchestrator.serve.app import build_app
+
+    def engines(table: RoutingTable) -> dict:
+        app = build_app({"routing_table": _shared_table_file(tmp_path, table)})
+        return {k: v._bound_deployment for k, v in app._bound_deployment.init_args[1].items()}
+
+    real = engines(_real_table((0.35, 0.4)))
+    assert sorted(e._replica_config.ray_actor_options["num_gpus"] for e in real.values()) == pytest.approx([0.45, 0.5])
+    assert all("sim_shared_gpu" not in e.init_kwargs for e in real.values())
+    simulated = engines(_planned(spread=0.01))
+    dirs = {e.init_kwargs.get("sim_shared_gpu") for e in simulated.values()}
+    assert len(simulated) == 2 and len(dirs) == 1 and None not in dirs  # both engines on one simulated GPU
