@@ -58,8 +58,8 @@ if str(ROOT) not in sys.path:
 
 from orchestrator.fsutil import utc_now_iso  # noqa: E402
 from orchestrator.hostinfo import cpu_model, git_commit  # noqa: E402
-from tuning.cap import best_routing, pooled_rate  # noqa: E402
-from tuning.replicas import mix_rate, work_per_config  # noqa: E402
+from tuning.choose.cap import best_routing, pooled_rate  # noqa: E402
+from tuning.choose.replicas import mix_rate, work_per_config  # noqa: E402
 from tuning.simfit import WARM_REPEAT_PREFIXES, RepeatPair, repeat_noise, repeat_pairs  # noqa: E402
 from tuning.stats import PooledNoise, sd_interval, t_quantile  # noqa: E402
 

@@ -316,7 +316,7 @@ def measure_cap(table_data: dict[str, Any], mix: Any, singles: dict[str, str], r
     ``table``, to deploy), the single app that is the cap, ``"table"`` when the best routing is the
     table's own (its routes at every load, on ``table_replicas``), or ``error`` when a part has no rate."""
     from orchestrator import table as routing
-    from tuning.cap import best_routing, cap_table, pooled_rate
+    from tuning.choose.cap import best_routing, cap_table, pooled_rate
     from tuning.traffic import TrafficMix
 
     table = routing.parse(table_data)

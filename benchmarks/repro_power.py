@@ -44,10 +44,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from orchestrator.hostinfo import git_commit  # noqa: E402
-from tuning.cells import BucketChoice  # noqa: E402
-from tuning.results import STATUS_OK, pooled_noise, repeat_throughputs, results_frame, rows_for_trial  # noqa: E402
-from tuning.sweep.choose import choose_table, predict_on_mix  # noqa: E402
-from tuning.sweep.decide import ROLE_DECIDE, decide_phase, sweep_rows  # noqa: E402
+from tuning.choose.cells import BucketChoice  # noqa: E402
+from tuning.choose.decision import ROLE_DECIDE  # noqa: E402
+from tuning.choose.noise import pooled_noise  # noqa: E402
+from tuning.choose.prediction import predict_on_mix  # noqa: E402
+from tuning.choose.table import choose_table  # noqa: E402
+from tuning.results import STATUS_OK, repeat_throughputs, results_frame, rows_for_trial  # noqa: E402
+from tuning.sweep.decide import decide_phase, sweep_rows  # noqa: E402
 from tuning.sweep.measure import representative_run  # noqa: E402
 from tuning.sweep.provenance import provenance_for  # noqa: E402
 from tuning.sweep.records import ResultRow  # noqa: E402

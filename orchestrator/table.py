@@ -250,7 +250,14 @@ class GpuBudget(_Model):
     replicas: dict[str, int] = Field(
         default_factory=dict,
         description="engine key -> whole replicas on the budget's GPUs, sized by each config's share of the "
-                    "traffic's work (tuning.replicas); empty: one replica each. Deploy's scaling overrides it",
+                    "traffic's work (tuning.choose.replicas); empty: one replica each. Deploy's scaling overrides it",
+    )
+
+    shared: tuple[str, ...] = Field(
+        default=(),
+        description="engine keys that time-share each of the budget's GPUs, one replica of each per GPU, each "
+                    "reserving its memory fraction + headroom of the GPU (EngineConfig.gpu_request with share_gpu); "
+                    "empty: no engine shares a GPU unless share_gpu says so",
     )
 
     @field_validator("replicas")
@@ -261,9 +268,21 @@ class GpuBudget(_Model):
             raise ValueError(f"replicas must be whole numbers >= 1, got {bad}")
         return v
 
+    @field_validator("shared")
+    @classmethod
+    def _several_distinct(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if v and (len(v) < 2 or len(set(v)) != len(v)):
+            raise ValueError(f"shared names the engines that share a GPU: two or more distinct keys, got {list(v)}")
+        return v
+
     @model_serializer(mode="wrap")
     def _omit_unplanned(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _without_unset(handler(self), "replicas")
+        return _without_unset(handler(self), "replicas", "shared")
+
+    def shares_gpu(self, key: str) -> bool:
+        """Does engine ``key`` reserve a share of a GPU rather than whole ones: every tp=1 engine with
+        ``share_gpu``, and the engines the plan put on a shared GPU (:attr:`shared`)."""
+        return self.share_gpu or key in self.shared
 
     def fits(self, configs: Iterable[EngineConfig]) -> bool:
         """Does one replica of each of ``configs`` fit the budget's GPUs? A simulated engine counts as the

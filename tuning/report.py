@@ -35,10 +35,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from orchestrator.errors import OrchestratorError
 from orchestrator import table as routing
-from tuning.results import STATUS_FAILED, successful_primary_rows
+from orchestrator.errors import OrchestratorError
 from orchestrator.table import RoutingTable, RoutingTableError
+from tuning.results import STATUS_FAILED, successful_primary_rows
 from tuning.sweep.space import BASELINE_ROLES, ROLE_MTP_OFF, ROLE_STATIC
 
 if TYPE_CHECKING:  # matplotlib is imported lazily; figures are built without pyplot, so no GUI backend
@@ -383,10 +383,10 @@ def routing_summary(table: RoutingTable | None, results: pd.DataFrame | None = N
 
 def mixed_summary(table: RoutingTable | None, results: pd.DataFrame, *, top: int = 5) -> pd.DataFrame:
     """The buckets in proportion served by the routing table and by each of the best ``top`` single
-    configs, predicted from the sweep's figures (:func:`tuning.mixed.predict_for_table`): deployment,
+    configs, predicted from the sweep's figures (:func:`tuning.choose.mix.predict_for_table`): deployment,
     predicted_output_throughput, table_vs_this (the table's gain over that deployment). Empty without a
     table or when no config was measured on every bucket."""
-    from tuning.mixed import predict_for_table
+    from tuning.choose.mix import predict_for_table
 
     cols = ["deployment", "predicted_output_throughput", "table_vs_this"]
     pred = predict_for_table(table, normalise(results)) if table is not None else None

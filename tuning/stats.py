@@ -191,7 +191,20 @@ class PooledNoise:
         if min(starts) < 1.0:
             raise ValueError(f"starts={starts}; allowed: >= 1 each")
         d = statistics.fmean(math.log(x) for x in a) - statistics.fmean(math.log(x) for x in b)
-        rounds_part = 1 / len(a) + 1 / len(b)
+        return self._log_interval(d, (len(a), len(b)), level, starts)
+
+    def ratio_bounds(self, ratio: float, rounds: tuple[float, float], level: float = 0.95, *,
+                     starts: tuple[float, float] = (1.0, 1.0)) -> tuple[float, float, float]:
+        """``(ratio, low, high)`` for a ratio of two figures already formed (a prediction built from several
+        cells' means, say), each the mean of ``rounds`` rounds over ``starts`` engine starts: the interval
+        :meth:`ratio_interval` gives two samples of those sizes with that ratio."""
+        if ratio <= 0 or min(rounds) < 1 or min(starts) < 1.0:
+            raise ValueError(f"ratio={ratio}, rounds={rounds}, starts={starts}; allowed: ratio > 0, rounds and starts >= 1")
+        return self._log_interval(math.log(ratio), rounds, level, starts)
+
+    def _log_interval(self, d: float, rounds: tuple[float, float], level: float,
+                      starts: tuple[float, float]) -> tuple[float, float, float]:
+        rounds_part = 1 / rounds[0] + 1 / rounds[1]
         starts_part = 1 / starts[0] + 1 / starts[1]
         var = self.sd ** 2 * rounds_part + self.start_sd ** 2 * starts_part
         half = t_quantile(0.5 + level / 2, self._df(rounds_part, starts_part)) * math.sqrt(var)

@@ -42,8 +42,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.config import EngineConfig  # noqa: E402
 from orchestrator import table as routing  # noqa: E402
+from orchestrator.config import EngineConfig  # noqa: E402
 from orchestrator.fsutil import utc_now_iso
 
 T0 = time.monotonic()
@@ -424,7 +424,7 @@ def best_static(run_dir: Path, buckets: Sequence[Any], reqs: list[tuple[str, int
     share at that bucket's measured rate)."""
     import pandas as pd
 
-    from tuning.mixed import per_config_throughput, predict
+    from tuning.choose.mix import per_config_throughput, predict
     from tuning.results import config_of_row
 
     df = pd.read_csv(run_dir / "results.csv")

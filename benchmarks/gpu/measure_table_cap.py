@@ -45,7 +45,12 @@ def summarize(runs: list[dict[str, Any]], buckets: list[Any]) -> dict[str, Any]:
     """Per config and bucket the runs and their mean; the cap from the means and from each round."""
     import pandas as pd
 
-    from tuning.mixed import bucket_prompts, bucket_tokens, per_config_throughput, predict
+    from tuning.choose.mix import (
+        bucket_prompts,
+        bucket_tokens,
+        per_config_throughput,
+        predict,
+    )
 
     ok = [r for r in runs if r.get("output_throughput") and not r.get("failed")]
     if not ok:
@@ -98,9 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.gpu.engines import measured_engine
     from orchestrator.config import EngineConfig
     from orchestrator.engine import EngineProcess
+    from orchestrator.hostinfo import measured_on
     from tuning.bench import benchmark
     from tuning.buckets import make_buckets
-    from orchestrator.hostinfo import measured_on
     from tuning.workload import load_tokenizer
 
     t0 = time.monotonic()

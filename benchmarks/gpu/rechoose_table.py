@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     import pandas as pd
 
     from orchestrator import table as routing
-    from tuning.sweep.choose import choose_table
+    from tuning.choose.table import choose_table
     from tuning.sweep.cli import parser, traffic_from_args
     from tuning.sweep.spec import build_spec, load_defaults
     from tuning.sweep.summary import traffic_line

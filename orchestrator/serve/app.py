@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import tempfile
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from orchestrator.config import Backend, EngineConfig, gpus_needed
+from orchestrator.config import SHARED_GPU_HEADROOM, Backend, EngineConfig, gpus_needed
 from orchestrator.errors import ConfigError
 from orchestrator.raycompat import with_deployment_version
 from orchestrator.serve.protocol import DEFAULT_MAX_BODY_BYTES
@@ -49,10 +50,13 @@ __all__ = [
     "build_app",
     "check_free",
     "check_resources",
+    "check_shared_gpu",
+    "engine_gpu_request",
     "gpu_requests",
     "resources_needed",
     "load_table",
     "router_spec",
+    "simulated_shared_gpu",
 ]
 
 ROUTER_DEPLOYMENT = "router"
@@ -273,13 +277,57 @@ def _min_replicas(spec: ScalingSpec) -> int:
     return max(1, int(opts.get("num_replicas") or opts.get("autoscaling_config", {}).get("min_replicas", 1)))
 
 
+def engine_gpu_request(args: AppArgs, table: RoutingTable, key: str, cfg: EngineConfig) -> float:
+    """GPUs one replica of engine ``key`` reserves: a share of one GPU with ``--share-gpu`` or where the
+    table's plan put it on a shared GPU (``provenance.gpu_budget.shared``), else ``tp`` whole GPUs."""
+    budget = table.provenance.gpu_budget
+    return cfg.gpu_request(share_gpu=args.engine.share_gpu or (budget is not None and key in budget.shared))
+
+
 def gpu_requests(args: AppArgs, table: RoutingTable, keys: Collection[str] | None = None) -> list[float]:
     """One GPU request per engine replica with every deployment at its minimum replica count (a
     deployment of ``r`` replicas needs ``r`` placements, not one of ``r`` times the size); only the
     engines named in ``keys`` when given."""
-    return [cfg.gpu_request(share_gpu=args.engine.share_gpu)
+    return [engine_gpu_request(args, table, key, cfg)
             for key, cfg in table.distinct_configs().items() if keys is None or key in keys
             for _ in range(_min_replicas(scaling_for(args, table, key)))]
+
+
+def simulated_shared_gpu(table: RoutingTable, key: str) -> str | None:
+    """The directory through which the simulated engines the table's plan put on one GPU slow each other
+    (:mod:`orchestrator.sim.gpu_share`), one per table and host; ``None`` for an engine that shares no GPU,
+    and on a plan of several GPUs, whose replicas Serve places without saying which GPU each stands for."""
+    budget = table.provenance.gpu_budget
+    if budget is None or key not in budget.shared or budget.gpus != 1:
+        return None
+    digest = hashlib.sha256(json.dumps(sorted(budget.shared)).encode()).hexdigest()[:12]
+    return str(Path(tempfile.gettempdir()) / "mtp-autotune" / "shared-gpu" / digest)
+
+
+def check_shared_gpu(table: RoutingTable) -> None:
+    """Refuse a table whose plan puts engines on one GPU (``provenance.gpu_budget.shared``) that are not
+    its own tp=1 configs, or whose reservations (memory fraction + headroom each) add up to more than one
+    GPU: Ray would place them on separate GPUs, or leave one pending. Raises :class:`ConfigError`."""
+    budget = table.provenance.gpu_budget
+    if budget is None or not budget.shared:
+        return
+    configs = table.distinct_configs()
+    unknown = sorted(k for k in budget.shared if k not in configs)
+    if unknown:
+        raise ConfigError(f"the table's plan shares a GPU between engines it does not route to: {unknown}; "
+                          f"its engines are {sorted(configs)}")
+    wide = sorted(k for k in budget.shared if configs[k].tp != 1)
+    if wide:
+        raise ConfigError(f"only tp=1 engines can share a GPU; the table's plan shares one with {wide}")
+    real = {k: configs[k] for k in budget.shared if configs[k].backend is not Backend.SIM}
+    reserved = {k: c.gpu_request(share_gpu=True) for k, c in real.items()}
+    if sum(reserved.values()) > 1.0 + 1e-9:
+        each = " + ".join(f"{real[k].label()} {r:g}" for k, r in sorted(reserved.items()))
+        raise ConfigError(
+            f"the table's plan puts {len(reserved)} engines on one GPU, but together they reserve {each} = "
+            f"{sum(reserved.values()):g} of it (memory fraction + {SHARED_GPU_HEADROOM:g} headroom each): they do "
+            "not fit. Re-run the sweep with smaller --memory-fraction values, or commit a table without the "
+            "shared GPU (--serve-gpus N without --share-gpu)")
 
 
 def resources_needed(args: AppArgs, table: RoutingTable) -> dict[str, float]:
@@ -312,6 +360,7 @@ def check_resources(args: AppArgs, table: RoutingTable, cluster: Mapping[str, fl
     in the room the running ones leave (a replica that cannot be placed would hang that step).
     Raises :class:`ConfigError`.
     """
+    check_shared_gpu(table)
     need = resources_needed(args, table)
     have_gpus = float(cluster.get("GPU", 0.0))
     placed = gpus_needed(gpu_requests(args, table))
@@ -420,10 +469,12 @@ def build_app(
             "metrics_poll_s": opts.metrics_poll_s,
             "accept_length_low_threshold": opts.accept_length_low_threshold,
         }
+        if cfg.backend is Backend.SIM and (shared := simulated_shared_gpu(table, key)) is not None:
+            kwargs["sim_shared_gpu"] = shared
         scaling = scaling_for(args, table, key)
         deployment = serve.deployment(EngineReplica).options(
             name=key,
-            ray_actor_options={"num_gpus": cfg.gpu_request(share_gpu=opts.share_gpu), "num_cpus": opts.num_cpus},
+            ray_actor_options={"num_gpus": engine_gpu_request(args, table, key, cfg), "num_cpus": opts.num_cpus},
             health_check_period_s=opts.health_check_period_s,
             health_check_timeout_s=opts.health_check_timeout_s,
             graceful_shutdown_timeout_s=opts.graceful_shutdown_timeout_s,

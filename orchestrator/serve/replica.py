@@ -45,6 +45,7 @@ from typing import Any
 
 from orchestrator.config import Backend, EngineConfig
 from orchestrator.errors import EngineDiedError, EngineNotReadyError, OrchestratorError
+from orchestrator.sim.gpu_share import SHARED_GPU_ENV
 from orchestrator.sim.server import SIM_HEADER
 from orchestrator.serve.metrics import (
     RUNNING,
@@ -125,6 +126,8 @@ class EngineReplica:
         metrics_poll_s: how often the replica scrapes the engine's ``/metrics``.
         accept_length_low_threshold: the ``mtp_engine_accept_length_low`` gauge is 1 when the engine's
             estimated tokens per step (``mtp_engine_tokens_per_step_estimate``) is below this.
+        sim_shared_gpu: the directory of the simulated GPU this engine shares with others (backend ``sim``
+            only; :mod:`orchestrator.sim.gpu_share`): engines busy on it at once slow each other.
     """
 
     def __init__(
@@ -138,6 +141,7 @@ class EngineReplica:
         health_timeout_s: float = 5.0,
         metrics_poll_s: float = 5.0,
         accept_length_low_threshold: float = 1.5,
+        sim_shared_gpu: str | None = None,
     ) -> None:
         import ray
 
@@ -165,6 +169,7 @@ class EngineReplica:
             ready_timeout_s=ready_timeout_s,
             served_model_name=served_model_name,
             sim_time_scale=sim_time_scale if self.config.backend is Backend.SIM else None,
+            env={SHARED_GPU_ENV: sim_shared_gpu} if sim_shared_gpu and self.config.backend is Backend.SIM else None,
         )
         self.engine.start()
         try:

@@ -10,10 +10,12 @@ import argparse
 import asyncio
 import dataclasses
 import logging
+import os
 import signal
 import sys
 import time
 
+from orchestrator.sim.gpu_share import SHARED_GPU_ENV, SharedGpu
 from orchestrator.sim.model import (
     DEFAULT_PROFILE,
     SIM_BACKENDS,
@@ -73,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--noise-seed", type=int, default=None,
                    help="fixed draws, the same for every engine (default: fresh at every start, as two GPU "
                    "starts differ)")
+    p.add_argument("--shared-gpu", metavar="DIR", default=os.environ.get(SHARED_GPU_ENV) or None,
+                   help="share one GPU with the simulated engines given the same directory: each iteration takes "
+                   f"as many times longer as engines are busy on it (time-slicing; default: ${SHARED_GPU_ENV})")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -110,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         noise = EngineNoise(start_sd=args.noise_start_sd, sd=args.noise_sd, window_s=args.noise_window_s,
                             seed=args.noise_seed)
         engine = SimEngine(profile, params, time_scale=args.time_scale, seed=args.seed, model_name=args.model_name,
-                           noise=noise)
+                           noise=noise, shared_gpu=SharedGpu(args.shared_gpu) if args.shared_gpu else None)
     except SimOutOfMemory as exc:
         log.error("torch.OutOfMemoryError: %s", exc)
         return 1

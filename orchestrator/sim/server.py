@@ -17,6 +17,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -28,6 +29,7 @@ from orchestrator.errors import OrchestratorError
 from orchestrator.config import API_DEFAULT_TEMPERATURE, Backend
 from orchestrator.ports import host_boot_id
 from orchestrator.sim import textmodel, tokenizer
+from orchestrator.sim.gpu_share import SharedGpu
 from orchestrator.sim.model import EngineParams, PerformanceModel, Profile
 from orchestrator.sim.noise import EngineNoise
 from orchestrator.sim.scheduler import Scheduler, SimRequest, make_request
@@ -81,12 +83,14 @@ class SimEngine:
     """Owns the scheduler, the scaled clock, the engine loop and the counters /metrics reports."""
 
     def __init__(self, profile: Profile, params: EngineParams, *, time_scale: float = 1.0, seed: int = 0,
-                 model_name: str | None = None, noise: EngineNoise | None = None) -> None:
+                 model_name: str | None = None, noise: EngineNoise | None = None,
+                 shared_gpu: SharedGpu | None = None) -> None:
         self.profile = profile
         self.params = params
         self.model = PerformanceModel(profile, params)  # raises SimOutOfMemory
         self.noise = noise if noise is not None and noise.active else None
-        self.scheduler = Scheduler(self.model, slowdown=self.noise.slowdown() if self.noise else None)
+        self.shared_gpu = shared_gpu  # engines on the same GPU slow each other (time-slicing)
+        self.scheduler = Scheduler(self.model, slowdown=self._slowdown())
         self.time_scale = float(time_scale)
         self.delivery_quantum_s = delivery_quantum_s(self.time_scale)
         self.seed = seed
@@ -108,6 +112,15 @@ class SimEngine:
         self.counters = dict(drafts=0, draft_tokens=0, accepted=0, generation_tokens=0, prompt_tokens=0,
                              requests=0, steps=0, late_steps=0)
         self.lateness_s = 0.0  # simulated seconds the loop fell behind its deadlines (overhead distortion)
+
+    def _slowdown(self) -> Callable[[float], float] | None:
+        """The factor on each iteration's time: the run-to-run noise's, times the number of engines busy on
+        a shared GPU (:class:`~orchestrator.sim.gpu_share.SharedGpu`); ``None`` when neither applies."""
+        noise = self.noise.slowdown() if self.noise else None
+        share = self.shared_gpu
+        if share is None:
+            return noise
+        return lambda now: share.factor() * (noise(now) if noise is not None else 1.0)
 
     # ----- clock -------------------------------------------------------------------------------
     def now(self) -> float:
@@ -173,6 +186,8 @@ class SimEngine:
     async def stop(self) -> None:
         if self._task:
             self._task.cancel()
+        if self.shared_gpu is not None:
+            self.shared_gpu.close()
 
     async def _run(self) -> None:
         """Run scheduler iterations on the scaled wall clock.
@@ -212,6 +227,8 @@ class SimEngine:
                 await self._resume.wait()  # the clock stands still until the client's next requests
             if not sched.has_work() or self.hung:
                 deliver(everything=True)
+                if self.shared_gpu is not None:
+                    self.shared_gpu.busy_until(0.0)  # idle: the GPU's time goes to the others
                 self._wake.clear()
                 self._cursor = None
                 await self._wake.wait()
@@ -223,6 +240,8 @@ class SimEngine:
             res = sched.step(start)
             end = start + res.duration
             cursor = self._cursor = end
+            if self.shared_gpu is not None:
+                self.shared_gpu.busy_until(time.time() + max(0.0, (end - self.now()) / self.time_scale))
             c["steps"] += 1
             c["drafts"] += res.drafts
             c["draft_tokens"] += res.draft_tokens

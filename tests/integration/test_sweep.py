@@ -71,7 +71,7 @@ def test_tiny_sweep_picks_per_bucket_best_and_survives_a_crash(tmp_path):
     assert table.bucket("le4096").gains["mtp_off"] > 0
 
     # The summary's mixed-workload line: buckets that disagree make the table beat every single config.
-    from tuning.mixed import (
+    from tuning.choose.mix import (
         bucket_prompts,
         bucket_tokens,
         per_config_throughput,

@@ -10,7 +10,9 @@ import pytest
 from orchestrator.config import EngineConfig
 from tests.bench_results import bench_result
 from tuning.buckets import make_buckets
-from tuning.results import cell_measurements, pooled_noise, results_frame, rows_for_trial
+from tuning.choose.cells import cell_measurements
+from tuning.choose.noise import pooled_noise
+from tuning.results import results_frame, rows_for_trial
 from tuning.sweep import SweepSpec
 from tuning.sweep.records import ResultRow
 from tuning.sweep.space import ROLE_MTP_OFF, ROLE_STATIC, SearchSpace
@@ -135,9 +137,9 @@ def test_a_sweep_of_noisy_engines_decides_its_undecided_cells_before_it_commits(
     and commits, the table's notes saying so. Should every comparison be decided by chance, the sweep must
     have planned nothing, which is checked instead."""
     from orchestrator import table as routing
+    from tuning.choose.decision import plan_decision
+    from tuning.choose.table import pick_for
     from tuning.sweep import run_sweep
-    from tuning.sweep.choose import pick_for
-    from tuning.sweep.decide import plan_decision
     from tuning.sweep.provenance import provenance_for
 
     noisy = SearchSpace(engine="sim", model=PROFILE, tp=8, num_draft_tokens=(4,), memory_fraction=(0.8,),

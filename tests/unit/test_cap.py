@@ -6,7 +6,7 @@ import pytest
 
 from orchestrator import table as routing
 from orchestrator.config import EngineConfig
-from tuning.cap import CapPlan, best_routing, cap_table, pooled_rate
+from tuning.choose.cap import CapPlan, best_routing, cap_table, pooled_rate
 
 
 def _cfg(drafts: int) -> dict:

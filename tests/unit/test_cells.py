@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from orchestrator import table
 from orchestrator.config import EngineConfig
 from orchestrator.fsutil import utc_now_iso
-from tuning.cells import CellMeasurement, choose_cells, predict_mix
+from tuning.choose.cells import CellMeasurement, choose_cells
+from tuning.choose.mix import predict_mix
 from tuning.stats import mean_confidence_interval, rounds_for_half_width, t_quantile
 
 

@@ -9,9 +9,11 @@ from typing import Any
 
 from tests.bench_results import bench_result
 from tuning.buckets import make_buckets
-from tuning.results import pooled_noise, results_frame, rows_for_trial
+from tuning.choose.decision import ROLE_DECIDE, DecisionPlan
+from tuning.choose.noise import pooled_noise
+from tuning.results import results_frame, rows_for_trial
 from tuning.sweep import SweepSpec
-from tuning.sweep.decide import MAX_DECIDE_PASSES, ROLE_DECIDE, DecisionPlan, decide_phase, sweep_rows
+from tuning.sweep.decide import MAX_DECIDE_PASSES, decide_phase, sweep_rows
 from tuning.sweep.records import ResultRow
 from tuning.sweep.space import ROLE_MTP_OFF, ROLE_STATIC, SearchSpace
 

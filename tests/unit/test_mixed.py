@@ -1,4 +1,4 @@
-"""The mixed-workload prediction (:mod:`tuning.mixed`): hand-computed figures, and the line the sweep
+"""The mixed-workload prediction (:mod:`tuning.choose.mix`): hand-computed figures, and the line the sweep
 prints from a real results frame."""
 from __future__ import annotations
 
@@ -6,7 +6,13 @@ import pandas as pd
 import pytest
 
 from tuning.buckets import make_buckets
-from tuning.mixed import bucket_prompts, bucket_tokens, mixed_throughput, per_config_throughput, predict
+from tuning.choose.mix import (
+    bucket_prompts,
+    bucket_tokens,
+    mixed_throughput,
+    per_config_throughput,
+    predict,
+)
 
 
 def test_mixed_throughput_is_total_tokens_over_the_time_each_bucket_takes():

@@ -10,8 +10,9 @@ from orchestrator import table as routing
 from orchestrator.config import EngineConfig
 from orchestrator.table import GpuBudget, Provenance
 from tuning.buckets import make_buckets
-from tuning.results import pick_best, results_frame, rows_for_trial
-from tuning.sweep.choose import plan_replicas
+from tuning.choose.pick import pick_best
+from tuning.choose.plan import plan_replicas
+from tuning.results import results_frame, rows_for_trial
 from tuning.sweep.space import ROLE_MTP_OFF, ROLE_SEARCH, ROLE_STATIC
 from tuning.traffic import TrafficMix
 

@@ -8,8 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.config import EngineConfig
-from tuning.cells import CellMeasurement, choose_cells, part_rates, predict_mix
-from tuning.replicas import mix_rate, plan_serving, size_replicas, work_per_config
+from tuning.choose.cells import CellMeasurement, choose_cells
+from tuning.choose.mix import part_rates, predict_mix
+from tuning.choose.replicas import (
+    mix_rate,
+    plan_serving,
+    size_replicas,
+    work_per_config,
+)
 
 
 def _cfg(drafts: int) -> dict:

@@ -2,8 +2,8 @@
 
 The run dir is built the way the sweep builds one, without Ray: each config's bucket figures come from
 the simulator's pure model (:func:`orchestrator.sim.simulate_workload`), rows from
-:func:`tuning.results.rows_for_trial`, the table from :func:`tuning.results.pick_best` and
-:func:`tuning.results.commit_table`.
+:func:`tuning.results.rows_for_trial`, the table from :func:`tuning.choose.pick.pick_best` and
+:func:`tuning.choose.commit.commit_table`.
 """
 from __future__ import annotations
 
@@ -15,12 +15,14 @@ import pandas as pd
 import pytest
 
 from orchestrator.config import EngineConfig
+from orchestrator.fsutil import utc_now_iso
 from orchestrator.sim import load_profile, simulate_workload
+from orchestrator.table import Provenance
 from tuning import report
 from tuning.buckets import make_buckets
-from tuning.results import commit_table, failed_rows, pick_best, results_frame, rows_for_trial, write_results
-from orchestrator.fsutil import utc_now_iso
-from orchestrator.table import Provenance
+from tuning.choose.commit import commit_table
+from tuning.choose.pick import pick_best
+from tuning.results import failed_rows, results_frame, rows_for_trial, write_results
 from tuning.sweep.space import ROLE_MTP_OFF, ROLE_SEARCH, ROLE_STATIC
 
 ROOT = Path(__file__).resolve().parents[2]

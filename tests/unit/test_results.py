@@ -8,13 +8,12 @@ from orchestrator import table as routing
 from orchestrator.config import EngineConfig
 from orchestrator.table import Provenance
 from tuning.buckets import make_buckets
+from tuning.choose.constraints import Constraints
+from tuning.choose.pick import IncompleteResultsError, pick_best
 from tuning.results import (
     STATUS_FAILED,
     STATUS_OK,
-    Constraints,
-    IncompleteResultsError,
     bench_status,
-    pick_best,
     results_frame,
     rows_for_trial,
     write_results,
@@ -189,12 +188,8 @@ def test_two_rounds_a_cell_are_told_apart_by_the_noise_pooled_over_the_sweep():
     """Two rounds per measurement: each one's own 95 % interval is 12.7 standard errors wide and they
     all overlap, but the rounds of all measurements together fix the noise, and a 20 % lead of rounds
     that move 2 % is real."""
-    from tuning.results import (
-        consolidate,
-        pooled_noise,
-        throughput_interval,
-        within_noise,
-    )
+    from tuning.choose.noise import pooled_noise, throughput_interval, within_noise
+    from tuning.choose.rank import consolidate
 
     rows = [{"engine_key": k, "output_throughput": lo, "output_throughput_repeats": f"{lo};{hi}", "status": "ok"}
             for k, lo, hi in (("x", 118.0, 121.0), ("y", 98.0, 101.0))]
@@ -208,7 +203,8 @@ def test_two_rounds_a_cell_are_told_apart_by_the_noise_pooled_over_the_sweep():
 
 
 def test_rows_measured_once_are_ranked_by_their_figure_as_before():
-    from tuning.results import consolidate, within_noise
+    from tuning.choose.noise import within_noise
+    from tuning.choose.rank import consolidate
 
     once = [{"engine_key": k, "output_throughput": t} for k, t in (("x", 101.0), ("y", 100.0))]
     assert not within_noise(once[0], once[1])

@@ -9,12 +9,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from orchestrator import table as routing
 from orchestrator.config import EngineConfig, gpus_needed
 from orchestrator.errors import ConfigError
-from orchestrator import table as routing
-from tuning.buckets import make_buckets
-from tuning.results import IncompleteResultsError, pick_best, results_frame, rows_for_trial
 from orchestrator.table import GpuBudget, Provenance
+from tuning.buckets import make_buckets
+from tuning.choose.pick import IncompleteResultsError, pick_best
+from tuning.results import results_frame, rows_for_trial
 from tuning.sweep.space import ROLE_MTP_OFF, ROLE_SEARCH, ROLE_STATIC
 
 

@@ -1,7 +1,7 @@
 """The variation between engine starts (:class:`tuning.stats.PooledNoise` ``start_sd``): estimated where a
 config was measured on one cell by several starts, carried by every comparison, and what it does to a
-sweep's choices (:func:`tuning.results.pooled_noise`, :func:`tuning.results.cell_measurements`,
-:func:`tuning.cells.choose_cells`)."""
+sweep's choices (:func:`tuning.choose.noise.pooled_noise`, :func:`tuning.choose.cells.cell_measurements`,
+:func:`tuning.choose.cells.choose_cells`)."""
 from __future__ import annotations
 
 import math
@@ -13,8 +13,9 @@ import pytest
 from orchestrator.config import Backend, EngineConfig
 from tests.bench_results import bench_result
 from tuning.buckets import make_buckets
-from tuning.cells import CellMeasurement, choose_cells
-from tuning.results import cell_measurements, is_cached_copy, pooled_noise, results_frame, rows_for_trial
+from tuning.choose.cells import CellMeasurement, cell_measurements, choose_cells
+from tuning.choose.noise import pooled_noise
+from tuning.results import is_cached_copy, results_frame, rows_for_trial
 from tuning.stats import PooledNoise, effective_starts
 
 

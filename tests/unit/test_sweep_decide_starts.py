@@ -8,12 +8,11 @@ import json
 import pytest
 
 from orchestrator.errors import ConfigError
+from tests.unit.test_table_undecided_cells import BUCKETS as CELL_BUCKETS
+from tests.unit.test_table_undecided_cells import _frame_and_table
 from tuning.buckets import make_buckets
 from tuning.sweep import SweepSpec, _parser, build_spec
 from tuning.sweep.space import SearchSpace
-
-from tests.unit.test_table_undecided_cells import BUCKETS as CELL_BUCKETS
-from tests.unit.test_table_undecided_cells import _frame_and_table
 
 BUCKETS = make_buckets((1024,), concurrency_levels=(64,), num_prompts=64, temperatures=(0.0, 0.8))
 
@@ -62,7 +61,7 @@ def test_the_starts_are_saved_and_an_older_sweep_json_loads_with_one(tmp_path):
 
 # ----- the plan ----------------------------------------------------------------------------------------
 def test_the_plan_splits_its_rounds_over_the_starts():
-    from tuning.sweep.decide import plan_decision
+    from tuning.choose.decision import plan_decision
 
     df, table = _frame_and_table([1050, 1160])  # MTP off ~5 % ahead sampled, within noise: undecided
     one = plan_decision(df, CELL_BUCKETS, table, rounds=8)
@@ -80,7 +79,7 @@ def test_the_plan_splits_its_rounds_over_the_starts():
 
 @pytest.mark.parametrize(("rounds", "starts"), [(8, 0), (8, -2), (8, 3), (1, 2)])
 def test_the_plan_refuses_starts_that_do_not_split_the_rounds(rounds, starts):
-    from tuning.sweep.decide import plan_decision
+    from tuning.choose.decision import plan_decision
 
     df, table = _frame_and_table([1050, 1160])
     with pytest.raises(ValueError, match="starts"):
@@ -88,7 +87,7 @@ def test_the_plan_refuses_starts_that_do_not_split_the_rounds(rounds, starts):
 
 
 def test_a_plan_built_by_hand_is_checked_too():
-    from tuning.sweep.decide import DecisionPlan
+    from tuning.choose.decision import DecisionPlan
 
     assert DecisionPlan((), {}, (), rounds=4).starts == 1
     with pytest.raises(ValueError, match="starts"):

@@ -3,10 +3,12 @@ summary and the report print them): it is where a second sweep may decide otherw
 from __future__ import annotations
 
 from orchestrator.config import EngineConfig
-from tests.bench_results import bench_result
 from orchestrator.table import Provenance
+from tests.bench_results import bench_result
 from tuning.buckets import make_buckets
-from tuning.results import pick_best, results_frame, rows_for_trial, undecided_cells
+from tuning.choose.cells import undecided_cells
+from tuning.choose.pick import pick_best
+from tuning.results import results_frame, rows_for_trial
 from tuning.sweep.space import ROLE_MTP_OFF, ROLE_STATIC
 
 BUCKETS = make_buckets((1024,), concurrency_levels=(64,), num_prompts=64, temperatures=(0.0, 0.8))
@@ -49,7 +51,7 @@ def test_a_decided_cell_leaves_no_such_note():
 
 
 def test_the_decision_plan_measures_both_configs_on_the_undecided_cell_only():
-    from tuning.sweep.decide import plan_decision
+    from tuning.choose.decision import plan_decision
 
     df, table = _frame_and_table([1050, 1160])
     assert plan_decision(df, BUCKETS, table, rounds=0) is None
@@ -66,7 +68,7 @@ def test_the_decision_plan_measures_both_configs_on_the_undecided_cell_only():
 
 
 def test_a_decided_sweep_plans_nothing():
-    from tuning.sweep.decide import plan_decision
+    from tuning.choose.decision import plan_decision
 
     df, table = _frame_and_table([1600, 1700])
     assert plan_decision(df, BUCKETS, table, rounds=5) is None
@@ -93,7 +95,7 @@ def test_a_comparison_measured_again_already_is_not_planned_a_third_time():
     measured; one whose configs were not both measured again still is."""
     import pandas as pd
 
-    from tuning.sweep.decide import ROLE_DECIDE, plan_decision
+    from tuning.choose.decision import ROLE_DECIDE, plan_decision
 
     df, table = _frame_and_table([1050, 1160])
     sampled = df[(df["sampling_band"] == "sampled")]
@@ -109,9 +111,9 @@ def test_the_sweeps_plan_looks_past_the_one_config_rule(tmp_path):
     """A mix of mostly sampled requests: the table that kept the undecided sampled cell on MTP-4 predicts
     less than MTP off alone, so the sweep would commit MTP off everywhere. The sweep plans from the table
     before that rule: the comparison that tipped it, as pick_best left it (MTP-4 kept), is measured again."""
+    from tuning.choose.decision import plan_decision
+    from tuning.choose.table import choose_table, pick_for
     from tuning.sweep import SweepSpec
-    from tuning.sweep.choose import choose_table, pick_for
-    from tuning.sweep.decide import plan_decision
     from tuning.sweep.space import SearchSpace
     from tuning.traffic import TrafficMix
 
@@ -135,7 +137,7 @@ def test_a_kept_config_measured_best_but_not_shown_above_the_runner_up_is_undeci
     """Sampled, MTP-4 (the primary) measured ~5 % above MTP off at ~10 % noise per round: the table keeps it
     either way, but a second sweep that measured MTP off above it beyond noise would write a cell. The
     comparison is named and planned like one whose best config is the other."""
-    from tuning.sweep.decide import plan_decision
+    from tuning.choose.decision import plan_decision
 
     df, table = _frame_and_table([950, 1050])
     assert table.bucket("le1024").cells == ()
@@ -153,7 +155,7 @@ def test_a_kept_config_measured_best_but_not_shown_above_the_runner_up_is_undeci
 def test_a_cell_from_a_lower_load_is_the_kept_config_at_a_higher_one():
     """Sampled, MTP off shown best at 8 in flight: a cell from one request up. At 64 in flight that cell's
     config serves the band; it measured best there too, but not shown above MTP-4: undecided, kept = MTP off."""
-    from tuning.cells import CellMeasurement, choose_cells
+    from tuning.choose.cells import CellMeasurement, choose_cells
     from tuning.stats import PooledNoise
 
     off, mtp = ({"backend": "sim", "model": "m", "tp": 1, "memory_fraction": 0.8, **extra}
@@ -179,7 +181,7 @@ def test_a_cell_from_a_lower_load_is_the_kept_config_at_a_higher_one():
 
 
 def test_a_kept_config_against_a_zero_throughput_runner_up_gives_no_ratio_but_no_error():
-    from tuning.cells import CellMeasurement, choose_cells
+    from tuning.choose.cells import CellMeasurement, choose_cells
     from tuning.stats import PooledNoise
 
     cfg = {"backend": "sim", "model": "m", "tp": 1, "memory_fraction": 0.8}

@@ -11,7 +11,8 @@ import pytest
 from orchestrator.config import EngineConfig
 from orchestrator.table import Provenance
 from tuning.buckets import make_buckets
-from tuning.results import pick_best, results_frame, rows_for_trial
+from tuning.choose.pick import pick_best
+from tuning.results import results_frame, rows_for_trial
 from tuning.sweep.space import ROLE_MTP_OFF, ROLE_SEARCH, ROLE_STATIC
 from tuning.sweep.summary import traffic_line
 from tuning.traffic import TrafficMix
@@ -68,7 +69,8 @@ def test_the_prediction_covers_every_measured_load_level():
 
 
 def test_a_table_no_better_than_one_config_on_the_users_mix_gives_way_to_it():
-    from tuning.sweep.choose import no_worse_than_one_config, predict_on_mix
+    from tuning.choose.prediction import predict_on_mix
+    from tuning.choose.table import no_worse_than_one_config
 
     df = _frame()
     table = pick_best(df, BUCKETS, provenance=PROV)
@@ -93,7 +95,7 @@ def test_on_whole_engines_one_config_can_carry_the_mix_and_the_table_loses():
     without --serve-gpus: MTP off then carries half the mix's tokens (both sampled parts) on one engine
     of three, and the whole table waits on it. The summary says so. A config the mix does not reach
     idles on its engine (a greedy-only mix leaves MTP off's idle)."""
-    from tuning.sweep.choose import predict_on_engines
+    from tuning.choose.prediction import predict_on_engines
 
     df = _frame()
     table = pick_best(df, BUCKETS, provenance=PROV)

@@ -11,13 +11,13 @@ One concept per module:
 - :mod:`~tuning.sweep.trial` — the Tune trainable around the measurement;
 - :mod:`~tuning.sweep.actors` — the result cache and the per-GPU lease (Ray actors);
 - :mod:`~tuning.sweep.searcher` — the budgeted searcher over an ``optuna.Study`` (ask/tell);
-- :mod:`~tuning.sweep.runner` — the Tune run, its results, the commit;
-- :mod:`~tuning.sweep.choose` — the routing table as a pure function of the results;
+- :mod:`~tuning.sweep.runner` — the Tune run, its results, the commit of the table :mod:`tuning.choose` chose;
+- :mod:`~tuning.sweep.decide` — measuring again what the choice left within noise;
 - :mod:`~tuning.sweep.provenance`, :mod:`~tuning.sweep.progress`, :mod:`~tuning.sweep.summary`,
   :mod:`~tuning.sweep.cli`.
 
 Names are imported lazily (importing ``tuning.sweep`` or one of its light modules does not start
-Ray Tune, and :mod:`tuning.results` can import the space's roles without a cycle).
+Ray Tune, and :mod:`tuning.choose` can import the space's roles without a cycle).
 """
 from __future__ import annotations
 

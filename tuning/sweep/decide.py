@@ -6,7 +6,7 @@ commit another route, and tables of one space then differ on the mix by as much 
 ``decide_rounds`` the sweep measures each such comparison again before it commits: both configs of every
 undecided (bucket, sampling band, load) get fresh engines (``decide_starts``, below) and ``R`` more rounds
 of those cells' temperatures x loads (a bucket whose undecided cells differ in both measures their cross
-product); the rounds of both measurements are pooled (:func:`tuning.results.cell_measurements` merges
+product); the rounds of both measurements are pooled (:func:`tuning.choose.cells.cell_measurements` merges
 them) and the table is chosen again from all of it.
 
 What the re-test costs in rigour: testing again at the same level after pooling raises the chance of
@@ -27,8 +27,8 @@ Passes (:func:`decide_phase`): once the starts are told apart, a comparison the 
 start per config can fall within noise. The phase plans again after each pass and measures those too, up
 to :data:`MAX_DECIDE_PASSES` passes, each only comparisons no pass has measured.
 
-:func:`plan_decision` is pure (results and the chosen table in, what to re-measure out);
-:func:`run_decision` runs it as a second Tune experiment (``<run_dir>/decide``: its trial reports and
+:func:`tuning.choose.decision.plan_decision` is pure (results and the chosen table in, what to re-measure
+out); :func:`run_decision` runs it as a second Tune experiment (``<run_dir>/decide``: its trial reports and
 engine logs), under the sweep's measuring rules (burn-in, one measurement per GPU at a time).
 """
 from __future__ import annotations
@@ -38,57 +38,30 @@ import logging
 import shutil
 import sys
 import uuid
-from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator import table as routing
-from orchestrator.table import RoutingTable, RoutingTableError
+from orchestrator.table import RoutingTableError
 from tuning.buckets import Bucket
-from tuning.cells import Undecided
-from tuning.results import STATUS_OK, Constraints, config_of_row, repeat_throughputs, undecided_cells
-from tuning.sweep.budget import BUDGET_FILE, read_budget, stop_reached, time_budget_spent
+from tuning.choose.decision import ROLE_DECIDE, DecisionPlan, plan_decision
+from tuning.results import STATUS_OK, repeat_throughputs
+from tuning.sweep.budget import (
+    BUDGET_FILE,
+    read_budget,
+    stop_reached,
+    time_budget_spent,
+)
 from tuning.sweep.records import ResultRow
 
-__all__ = ["DECIDE_DIR", "MAX_DECIDE_PASSES", "ROLE_DECIDE", "DecisionPlan", "decide_phase", "earlier_rows",
-           "plan_decision", "run_decision", "sweep_rows"]
+__all__ = ["DECIDE_DIR", "MAX_DECIDE_PASSES", "decide_phase", "earlier_rows", "run_decision", "sweep_rows"]
 
 logger = logging.getLogger(__name__)
 
-ROLE_DECIDE = "decide"
 DECIDE_DIR = "decide"
 MAX_DECIDE_PASSES = 3
 """Passes of the decide phase at most: a pass can leave a comparison within noise that the first rounds
 had shown (below), and each later pass measures only comparisons no pass has measured yet."""
-
-
-@dataclass(frozen=True)
-class DecisionPlan:
-    """What to measure again: the undecided comparisons, each involved config once (engine key ->
-    trial params), and the buckets cut down to the undecided cells' temperatures and loads; ``rounds``
-    per config in all, split evenly over ``starts`` fresh engines per config."""
-
-    undecided: tuple[Undecided, ...]
-    points: Mapping[str, Mapping[str, Any]]
-    buckets: tuple[Bucket, ...]
-    rounds: int
-    starts: int = 1
-
-    def __post_init__(self) -> None:
-        _check_starts(self.rounds, self.starts)
-
-    @property
-    def rounds_per_start(self) -> int:
-        return self.rounds // self.starts
-
-    def describe(self) -> str:
-        cells = ", ".join(f"{u.bucket} {u.band}@{u.in_flight}" for u in self.undecided)
-        head = f"{len(self.undecided)} cell comparison(s) within noise ({cells}): {len(self.points)} config(s) "
-        if self.starts == 1:
-            return head + f"to measure again on a fresh engine each, {self.rounds} rounds per cell"
-        return head + (f"to measure again on {self.starts} fresh engines each, {self.rounds_per_start} "
-                       f"round{'s' if self.rounds_per_start != 1 else ''} per cell on each")
 
 
 def _shortfall(plan: DecisionPlan, added: Sequence[ResultRow]) -> str:
@@ -115,13 +88,6 @@ def _shortfall(plan: DecisionPlan, added: Sequence[ResultRow]) -> str:
     return head + (f", {failed} row(s) failed" if failed else "")
 
 
-def _check_starts(rounds: int, starts: int) -> None:
-    if not isinstance(starts, int) or isinstance(starts, bool) or starts < 1:
-        raise ValueError(f"starts={starts!r}; allowed: a whole number >= 1")
-    if rounds % starts:
-        raise ValueError(f"rounds={rounds} does not split evenly over starts={starts}: use a multiple of {starts}")
-
-
 def decide_phase(spec: Any, rows: list[ResultRow], results: Any,
                  measure: Callable[[Any, DecisionPlan], list[ResultRow]] | None = None,
                  ) -> tuple[list[ResultRow], Any, str | None]:
@@ -134,8 +100,8 @@ def decide_phase(spec: Any, rows: list[ResultRow], results: Any,
     in the next pass, as the first pass's were. No engine starts after the time budget. A pass that fails
     leaves the results as they were, with a note saying why: the sweep's own measurements and table never
     depend on it."""
+    from tuning.choose.table import pick_for
     from tuning.results import results_frame
-    from tuning.sweep.choose import pick_for
     from tuning.sweep.provenance import provenance_for
 
     measure = measure or run_decision
@@ -183,75 +149,6 @@ def decide_phase(spec: Any, rows: list[ResultRow], results: Any,
         if left is not None:
             notes.append(f"decide: stopped after {MAX_DECIDE_PASSES} pass(es); still {left.describe()}, not measured")
     return rows, results, "; then ".join(notes) or None
-
-
-def plan_decision(results: Any, buckets: Sequence[Bucket], table: RoutingTable, rounds: int,
-                  constraints: Constraints = Constraints(), *, starts: int = 1,
-                  exclude: Collection[tuple[str, str, int]] = ()) -> DecisionPlan | None:
-    """The re-measurement the undecided cells of ``table`` (chosen from ``results``) ask for, or ``None``
-    when there is none (or ``rounds`` is 0); ``rounds`` per config split over ``starts`` fresh engines per
-    config (``rounds`` must be a multiple of ``starts``). The sweep passes the table as
-    :func:`tuning.sweep.choose.pick_for` chooses it, before the rules on the traffic mix: a table that kept
-    an undecided cell on the slower config predicts less on the mix, the one-config rule can then commit
-    one config everywhere, and that table has no cell left to decide, so the comparison that tipped it
-    would never be measured again. A cell whose kept config and another already have decide rows there
-    (an earlier decide phase of a resumed sweep) is not measured a third time, whichever config it is now
-    compared with: a resume that only commits must not start engines again. ``exclude``: (bucket, band,
-    load) cells not to plan (those an earlier pass of this phase planned, whatever it measured)."""
-    if rounds < 0:
-        raise ValueError(f"rounds={rounds}; allowed: >= 0")
-    _check_starts(rounds, starts)
-    if rounds == 0:
-        return None
-    ok = results[results["status"] == STATUS_OK]
-    again: dict[tuple[str, str, int], set[str]] = {}
-    for r in (ok[ok["role"] == ROLE_DECIDE].to_dict("records") if "role" in ok else ()):
-        again.setdefault((r["bucket"], r["sampling_band"], int(r["concurrency"])), set()).add(r["engine_key"])
-
-    def measured_again(u: Undecided) -> bool:
-        """The kept config and another were measured again on ``u``'s cell: pooling can make a third config
-        the runner-up there, and that comparison is not worth engine starts of its own."""
-        keys = again.get((u.bucket, u.band, u.in_flight), set())
-        return u.kept_key in keys and len(keys) > 1
-
-    undecided = [u for u in undecided_cells(results, buckets, table, constraints)
-                 if not measured_again(u) and (u.bucket, u.band, u.in_flight) not in exclude]
-    if not undecided:
-        return None
-    points: dict[str, dict[str, Any]] = {}
-    for key in dict.fromkeys(k for u in undecided for k in (u.other_key, u.kept_key)):
-        rows = ok[ok["engine_key"] == key]
-        if not rows.empty:
-            points[key] = _params(rows.iloc[0].to_dict())
-    undecided = [u for u in undecided if u.other_key in points and u.kept_key in points]
-    if not undecided:
-        return None
-    by_name = {b.name: b for b in buckets}
-    cut: list[Bucket] = []
-    for name in dict.fromkeys(u.bucket for u in undecided):
-        b = by_name[name]
-        mine = [u for u in undecided if u.bucket == name]
-        bands = {u.band for u in mine}
-        temps = tuple(t for t in b.temperatures if (band := routing.band_of(t)) is not None and band.name in bands)
-        levels = tuple(sorted({u.in_flight for u in mine}))
-        cut.append(dataclasses.replace(b, workload=b.workload_at(levels[0], temps[0]), concurrency_levels=levels,
-                                       temperatures=temps))
-    return DecisionPlan(tuple(undecided), points, tuple(cut), rounds, starts)
-
-
-def _params(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A results row's config as trial params (what the search space turns back into the same engine)."""
-    cfg = config_of_row(row)
-    params: dict[str, Any] = {"speculative": cfg["speculative_algorithm"] is not None,
-                              "memory_fraction": cfg["memory_fraction"]}
-    if params["speculative"]:
-        params["num_draft_tokens"] = cfg["num_draft_tokens"]
-    elif (backend := cfg.get("simulated_backend") or cfg["backend"]) != "sim":  # what a simulated engine stands in for
-        params["backend"] = backend
-    if cfg.get("max_batch_size") is not None:
-        params["max_batch_size"] = cfg["max_batch_size"]
-    params["extra_flags"] = list(cfg.get("extra_flags") or ())  # all of them: run_decision takes off the space's
-    return params
 
 
 def sweep_rows(rows: Sequence[ResultRow], buckets: Sequence[Bucket]) -> list[ResultRow]:

@@ -13,7 +13,7 @@
   are neither lost nor re-run. The time budget is *soft*: no trial starts its engine after it, running
   trials finish (an engine start is too expensive to throw away half-measured).
 - Results (one row per trial x bucket x concurrency) come from the trials' saved reports and go to
-  ``results.parquet``/``.csv``; :mod:`tuning.sweep.choose` decides the routing table from them (fitted
+  ``results.parquet``/``.csv``; :mod:`tuning.choose` decides the routing table from them (fitted
   to ``--serve-gpus`` when given) and the runner commits it. An incomplete sweep writes no table and
   keeps the previous one.
 """
@@ -30,10 +30,11 @@ from typing import Any
 
 from orchestrator.errors import ConfigError
 from orchestrator.table import RoutingTable, RoutingTableError
+from tuning.choose.commit import commit_table, table_targets
+from tuning.choose.table import choose_table
 from tuning.results import failed_rows, results_frame, write_results
 from tuning.sweep.actors import GpuLease, ResultCache
 from tuning.sweep.budget import TimeBudgetSpent, write_budget
-from tuning.sweep.choose import choose_table, commit_table, table_targets
 from tuning.sweep.progress import SweepProgress, make_callback
 from tuning.sweep.provenance import provenance_for
 from tuning.sweep.records import ResultRow, TrialReport, reported_trial_ids

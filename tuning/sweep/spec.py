@@ -25,7 +25,7 @@ from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.sim.model import DEFAULT_PROFILE
 from orchestrator.table import GpuBudget
 from tuning.buckets import MIN_MEASURED_WAVES, Bucket, make_buckets
-from tuning.results import Constraints
+from tuning.choose.constraints import Constraints
 from tuning.sweep.measure import MeasurePlan
 from tuning.sweep.records import metric_name
 from tuning.sweep.space import SearchSpace, load_space_file
@@ -183,7 +183,7 @@ class SweepSpec:
                             measure_lease_actor=self.measure_lease_name() if self.share_gpu else None)
 
     def gpu_budget(self) -> GpuBudget | None:
-        """What :func:`~tuning.results.pick_best` must fit the table into (``None``: no limit)."""
+        """What :func:`~tuning.choose.pick.pick_best` must fit the table into (``None``: no limit)."""
         return None if self.serve_gpus is None else GpuBudget(gpus=self.serve_gpus, share_gpu=self.share_gpu)
 
     def measure_lease_name(self) -> str:

@@ -7,15 +7,16 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from orchestrator.config import Backend
 from orchestrator.table import RoutingTable
+from tuning.choose.decision import ROLE_DECIDE
 from tuning.results import (
     BUSY_HOST_SHARE,
     STATUS_OK,
     behind_schedule_rows,
     busy_host_rows,
-    summary_rows,
 )
-from tuning.sweep.decide import DECIDE_DIR, ROLE_DECIDE
+from tuning.sweep.decide import DECIDE_DIR
 from tuning.sweep.runner import SweepOutcome
 from tuning.sweep.spec import SweepSpec
 
@@ -26,6 +27,7 @@ __all__ = [
     "next_commands",
     "print_summary",
     "serving_line",
+    "shared_gpu_line",
     "traffic_line",
 ]
 
@@ -110,9 +112,10 @@ def serving_line(table: RoutingTable, spec: SweepSpec) -> str:
     if budget is not None and budget.replicas:
         configs = table.distinct_configs()
         per = ", ".join(f"{configs[k].label()} x{r}" for k, r in budget.replicas.items())
-        return (f"serving:        {sum(budget.replicas.values())} {'simulated ' if spec.simulated else ''}replica(s) "
+        line = (f"serving:        {sum(budget.replicas.values())} {'simulated ' if spec.simulated else ''}replica(s) "
                 f"of {n} engine(s) on --serve-gpus {budget.gpus}{' --share-gpu' if budget.share_gpu else ''}: {per} "
                 "(deploy uses these replicas unless its scaling says otherwise)")
+        return line + (f"\n{shared_gpu_line(table)}" if budget.shared else "")
     if spec.simulated:
         return f"serving:        {n} simulated engine(s), no GPU"
     shareable = any(c.tp == 1 for c in table.distinct_configs().values())
@@ -123,10 +126,23 @@ def serving_line(table: RoutingTable, spec: SweepSpec) -> str:
     return line
 
 
+def shared_gpu_line(table: RoutingTable) -> str | None:
+    """Which engines share which GPU under the table's plan (``gpu_budget.shared``: one replica of each on
+    every GPU of the budget, time-sliced), with the share of a GPU each reserves; ``None`` when none do."""
+    budget = table.provenance.gpu_budget
+    if budget is None or not budget.shared:
+        return None
+    configs = table.distinct_configs()
+    engines = " + ".join(f"{configs[k].label()} ({configs[k].gpu_request(share_gpu=True):g} GPU reserved)"
+                         if configs[k].backend is not Backend.SIM else configs[k].label() for k in budget.shared)
+    gpus = "GPU 0" if budget.gpus == 1 else f"each of GPUs 0-{budget.gpus - 1}"
+    return f"shared GPU:     {gpus} time-shared by {engines}"
+
+
 def mixed_line(table: RoutingTable, results: Any) -> str | None:
     """The table against the best single config on the buckets in proportion, predicted from this
-    sweep's figures (:mod:`tuning.mixed`): whether serving several configs pays at all."""
-    from tuning.mixed import predict_for_table
+    sweep's figures (:mod:`tuning.choose.mix`): whether serving several configs pays at all."""
+    from tuning.choose.mix import predict_for_table
 
     pred = predict_for_table(table, results)
     if pred is None:
@@ -141,12 +157,12 @@ def mixed_line(table: RoutingTable, results: Any) -> str | None:
 def traffic_line(table: RoutingTable, results: Any, spec: SweepSpec, traffic: Any) -> str:
     """The table (its primaries and cells) against every single config on the user's traffic mix, over
     every load level the sweep measured (in equal shares of the tokens) or at the buckets' primary load,
-    predicted from this sweep's figures (:func:`tuning.sweep.choose.predict_on_mix`), with the engines'
+    predicted from this sweep's figures (:func:`tuning.choose.prediction.predict_on_mix`), with the engines'
     time split between parts at will. A table of several configs with no serving plan (no
     ``--serve-gpus``) is deployed one engine per config, so that case is predicted too
-    (:func:`tuning.sweep.choose.predict_on_engines`): with whole engines one config may carry most of
+    (:func:`tuning.choose.prediction.predict_on_engines`): with whole engines one config may carry most of
     the mix, and the table can lose what its routing gains."""
-    from tuning.sweep.choose import predict_on_engines, predict_on_mix
+    from tuning.choose.prediction import predict_on_engines, predict_on_mix
 
     pred, where = predict_on_mix(table, results, spec.buckets, traffic)
     if pred is None:
@@ -204,3 +220,18 @@ def behind_schedule_line(results: Any) -> str | None:
 
 def _pct(v: float | None) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v * 100:+.1f}%"
+
+
+def summary_rows(table: RoutingTable) -> list[dict[str, Any]]:
+    """Per bucket: label of the chosen config, throughput, gains (for the CLI's summary table)."""
+    out = []
+    for b in table.buckets:
+        cfg = b.engine_config()
+        out.append({
+            "bucket": b.name, "config": cfg.label(), "output_throughput": b.figures.output_throughput,
+            "accept_length": b.figures.accept_length,
+            "gain_vs_mtp_off": b.gains.get("mtp_off"), "gain_vs_static": b.gains.get("static"),
+            "load_variants": [f">={v.min_concurrency}: {v.engine_config().label()}" for v in b.load_variants]
+            + [f"{c.sampling or 'any'} >={c.min_in_flight}: {c.engine_config().label()}" for c in b.cells],
+        })
+    return out

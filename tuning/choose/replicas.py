@@ -2,7 +2,7 @@
 GPUs they take. Pure: measurements and a mix in, a plan out.
 
 Why: a routing table with k distinct configs runs at least k engines. The mix prediction
-(:func:`tuning.cells.predict_mix`) gives every part of the traffic engines in proportion to its work,
+(:func:`tuning.choose.mix.predict_mix`) gives every part of the traffic engines in proportion to its work,
 as if GPUs could be split at will; on a fixed pool (``--serve-gpus``) replicas are whole, and the
 config with the most work per replica holds the whole table back. A cell that is faster on its own
 part can still lose overall when it takes a replica the rest of the traffic needed more, so the plan
@@ -22,11 +22,11 @@ from dataclasses import dataclass, replace
 from itertools import combinations
 
 from orchestrator.table import Cell
+from tuning.choose.cells import BucketChoice, CellMeasurement
+from tuning.choose.mix import mix_parts, part_rates
 
-from tuning.cells import BucketChoice, CellMeasurement, mix_parts, part_rates
-
-__all__ = ["MAX_CONFIGS", "MAX_REPLICAS", "EnginesPrediction", "ServingPlan", "mix_rate", "on_engines", "plan_serving",
-           "size_replicas", "work_per_config"]
+__all__ = ["MAX_CONFIGS", "MAX_REPLICAS", "EnginesPrediction", "ServingPlan", "choices_from_routes", "mix_rate", "on_engines",
+           "plan_serving", "size_replicas", "work_per_config"]
 
 Part = tuple[str, str, int]
 """(bucket, sampling band, load level)."""
@@ -112,10 +112,10 @@ class EnginesPrediction:
 def on_engines(measurements: Sequence[CellMeasurement], choices: Mapping[str, BucketChoice],
                token_shares: Mapping[tuple[str, str], float], *, in_flight: int | Mapping[int, float],
                replicas: Mapping[str, int]) -> EnginesPrediction:
-    """The mix's rate (as :func:`tuning.cells.predict_mix` takes it) with the table ``choices`` served
+    """The mix's rate (as :func:`tuning.choose.mix.predict_mix` takes it) with the table ``choices`` served
     by ``replicas`` (engine key -> whole engines; a config the mix does not reach idles on its own), and
     with the best single config measured on every part on as many engines. Unlike
-    :func:`~tuning.cells.predict_mix`, whose parts have engines in proportion to their work, each config
+    :func:`~tuning.choose.mix.predict_mix`, whose parts have engines in proportion to their work, each config
     here has the engines it is given: with few of them one config may carry most of the mix while
     another idles, which can cost a table more than its routing gains. Raises ``ValueError`` when the
     table's configs were not measured on a part of the mix or one of them has no engine."""
@@ -142,7 +142,7 @@ def plan_serving(measurements: Sequence[CellMeasurement], choices: Mapping[str, 
                  primary_band: str, fits: Callable[[Mapping[str, int]], bool], min_gain: float = 0.0,
                  labels: Mapping[str, str] | None = None) -> ServingPlan:
     """The plan for the table ``choices`` (each bucket's primary and cells) on the pool ``fits``
-    describes, for the mix ``token_shares`` x ``in_flight`` (as :func:`tuning.cells.predict_mix` takes them).
+    describes, for the mix ``token_shares`` x ``in_flight`` (as :func:`tuning.choose.mix.predict_mix` takes them).
 
     Candidates are the table's configs and every config measured on every part of the mix. For each set
     of at most :data:`MAX_CONFIGS` of them, every part goes to the set's fastest config there, or to the
@@ -214,7 +214,7 @@ def plan_serving(measurements: Sequence[CellMeasurement], choices: Mapping[str, 
         routes = {p: key for p in shares}
         replicas = size_replicas(work_per_config(routes, shares, rates), fits)
         rate = single[1]
-    planned = _choices_from_routes(routes, measurements, choices, primary_band)
+    planned = choices_from_routes(routes, measurements, choices, primary_band)
     if set(replicas) != set(own_replicas) or planned != dict(choices):
         dropped = sorted(table_keys - set(replicas))
         notes.insert(0, f"as chosen per replica the table would make {own_rate:,.0f} tok/s on whole replicas, the "
@@ -223,7 +223,7 @@ def plan_serving(measurements: Sequence[CellMeasurement], choices: Mapping[str, 
     return ServingPlan(choices=planned, replicas=replicas, throughput=rate, single=single, notes=tuple(notes))
 
 
-def _choices_from_routes(routes: Mapping[Part, str], measurements: Sequence[CellMeasurement],
+def choices_from_routes(routes: Mapping[Part, str], measurements: Sequence[CellMeasurement],
                          choices: Mapping[str, BucketChoice], primary_band: str) -> dict[str, BucketChoice]:
     """Each bucket as ``routes`` serve it: the primary is the route on the bucket's primary cell (the
     table's primary when the mix has no tokens there), and a cell wherever another (band, level) of the

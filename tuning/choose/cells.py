@@ -1,5 +1,5 @@
-"""Choosing a bucket's primary config and the cells (sampling band x load level) that get their own,
-and predicting what that is worth on a traffic mix. Pure: measurements in, decisions out.
+"""Choosing a bucket's cells (sampling band x load level) that get a config of their own, from the
+sweep's measurements on every cell. Pure: measurements in, decisions out.
 
 Why cells only beyond noise: every extra config is one more engine to run, and on real GPUs one
 benchmark wave moves 12-17 %. A cell gets its own config only when that config's confidence interval
@@ -14,12 +14,30 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pandas as pd
+
+from orchestrator import table as routing
 from orchestrator.config import EngineConfig
-from orchestrator.table import BucketFigures, BucketRoute, Cell, select_cell
-from tuning.mixed import MixedPrediction, mixed_throughput
+from orchestrator.table import (
+    BucketFigures,
+    BucketRoute,
+    Cell,
+    RoutingTable,
+    select_cell,
+)
+from tuning.buckets import Bucket
+from tuning.choose.constraints import NO_CONSTRAINTS, Constraints
+from tuning.choose.noise import pooled_noise
+from tuning.results import STATUS_OK, config_of_row, is_cached_copy, repeat_throughputs
 from tuning.stats import PooledNoise, effective_starts, mean_confidence_interval
 
-__all__ = ["BucketChoice", "CellMeasurement", "Undecided", "choose_cells", "mix_parts", "part_rates", "predict_mix"]
+__all__ = ["CELL_MIN_GAIN", "BucketChoice", "CellMeasurement", "Undecided", "bucket_cells", "cell_measurements",
+           "choose_cells", "undecided_cells"]
+
+
+#: A cell's config must beat the one it replaces by more than this (the noise floor of figures measured
+#: once, whose confidence intervals have no width); the replica plan holds several configs to it too.
+CELL_MIN_GAIN = 0.03
 
 
 @dataclass(frozen=True)
@@ -208,63 +226,56 @@ def _unshown(noise: PooledNoise, ratio: tuple[float, float, float], level: float
     return f"{said}; ~{rounds} rounds per config would tell a gap this size apart {at}"
 
 
-def mix_parts(token_shares: Mapping[tuple[str, str], float],
-              in_flight: int | Mapping[int, float]) -> dict[tuple[str, str, int], float]:
-    """The mix's share of the output tokens on each (bucket, band, load level): ``token_shares`` per
-    (bucket, band) spread over the load levels ``in_flight`` (one level, or level -> share)."""
-    loads = {int(in_flight): 1.0} if isinstance(in_flight, int) else {int(k): float(v) for k, v in in_flight.items()}
-    if not loads or any(v < 0 for v in loads.values()) or sum(loads.values()) <= 0:
-        raise ValueError(f"load shares must be >= 0 with a positive sum, got {loads}")
-    total_load = sum(loads.values())
-    parts = {(b, band, level): s * w / total_load for (b, band), s in token_shares.items() if s > 0
-             for level, w in loads.items() if w > 0}
-    if not parts:
-        raise ValueError("the mix has no output tokens")
-    return parts
+def cell_measurements(rows: pd.DataFrame, b: Bucket) -> list[Any]:
+    """Bucket ``b``'s successful rows as :class:`tuning.choose.cells.CellMeasurement` s: one per config x
+    sampling band x concurrency, every repeat's throughput a sample and every measuring trial an engine
+    start (rows from before the temperature column stand for the bucket's primary temperature; a cached
+    copy of a row, :func:`is_cached_copy`, is not counted again)."""
+
+    samples: dict[tuple[str, str, int], dict[str, list[float]]] = {}
+    configs: dict[str, dict[str, Any]] = {}
+    accept: dict[tuple[str, str, int], float] = {}
+    rows = rows[(rows["bucket"] == b.name) & (rows["status"] == STATUS_OK) & rows["output_throughput"].notna()]
+    for row in rows.to_dict("records"):
+        t = row.get("temperature")
+        t = b.primary_temperature if pd.isna(t) else float(t)
+        band = routing.band_of(t)
+        if band is None:
+            continue
+        if is_cached_copy(row):
+            continue
+        k = (str(row["engine_key"]), band.name, int(row["concurrency"]))
+        samples.setdefault(k, {}).setdefault(str(row["trial_id"]), []).extend(repeat_throughputs(row))
+        configs[k[0]] = config_of_row(row)
+        if not pd.isna(row.get("accept_length")):
+            accept[k] = float(row["accept_length"])
+    return [CellMeasurement(config=configs[key], bucket=b.name, band=band, in_flight=c,
+                            throughputs=tuple(x for rounds in starts.values() for x in rounds),
+                            rounds_per_start=tuple(len(rounds) for rounds in starts.values()),
+                            accept_length=accept.get((key, band, c)))
+            for (key, band, c), starts in samples.items() if any(starts.values())]
 
 
-def part_rates(measurements: Iterable[CellMeasurement]) -> dict[tuple[str, str, str, int], float]:
-    """(engine key, bucket, band, level) -> mean output tok/s of one replica, as measured."""
-    return {(m.engine_key, m.bucket, m.band, m.in_flight): m.figures().output_throughput for m in measurements}
+def bucket_cells(b: Bucket, at_bucket: pd.DataFrame, primary_key: str, constraints: Constraints,
+           min_gain: float, noise: PooledNoise | None = None) -> Any:
+    """The bucket's :class:`tuning.choose.cells.BucketChoice` from its rows at every (temperature, concurrency):
+    its cells, why others were not written (notes) and the comparisons left within noise."""
+
+    eligible = at_bucket[constraints.mask(at_bucket)] if not at_bucket.empty else at_bucket
+    measured = cell_measurements(eligible, b)
+    primary_band = routing.band_of(b.primary_temperature)
+    assert primary_band is not None
+    return choose_cells(measured, primary_band=primary_band.name, primary_in_flight=b.primary_concurrency,
+                        min_gain=min_gain, primary_keys={b.name: primary_key}, noise=noise)[b.name]
 
 
-def predict_mix(measurements: Sequence[CellMeasurement], choices: Mapping[str, BucketChoice],
-                token_shares: Mapping[tuple[str, str], float], *,
-                in_flight: int | Mapping[int, float]) -> MixedPrediction:
-    """Output tok/s of a mix whose output tokens fall on (bucket, band) in ``token_shares``
-    (:meth:`tuning.traffic.TrafficMix.cell_shares` with ``by="tokens"``) and on load levels (in-flight
-    requests per replica) in ``in_flight`` (one level, or level -> share of the tokens), served by the
-    chosen cells (``per_bucket_throughput``) and by every single config measured on every part of the mix
-    (:func:`tuning.mixed.mixed_throughput` over bucket x band x level instead of buckets). Per replica, as
-    if every part had engines of its own in proportion to its work (:mod:`tuning.replicas` sizes whole
-    replicas on a fixed number of GPUs)."""
-    shares = mix_parts(token_shares, in_flight)
-    rate = part_rates(measurements)
-    parts = list(shares)
-    missing = [p for p in parts if p[0] not in choices]
-    if missing:
-        raise ValueError(f"no choice for bucket(s) of the mix: {sorted({b for b, _, _ in missing})}")
-    tokens = {_part(*p): v for p, v in shares.items()}
-
-    def rates(key_of: Any) -> dict[str, float]:
-        """Tok/s of each part of the mix served by ``key_of(bucket, band, level)``, where measured."""
-        out = {}
-        for b, band, level in parts:
-            r = rate.get((key_of(b, band, level), b, band, level))
-            if r:
-                out[_part(b, band, level)] = r
-        return out
-
-    table = rates(lambda b, band, level: choices[b].key_for(band, level))
-    if len(table) < len(parts):
-        unmeasured = sorted(set(tokens) - set(table))
-        raise ValueError(f"the table's configs were not all measured on the mix's parts: {', '.join(unmeasured)}")
-    keys = sorted({k for k, _, _, _ in rate})
-    singles = [(k, mixed_throughput(r, tokens)) for k in keys
-               if len(r := rates(lambda b, band, level, k=k: k)) == len(parts)]
-    return MixedPrediction(tokens=tokens, per_bucket_throughput=mixed_throughput(table, tokens),
-                           singles=tuple(sorted(singles, key=lambda kv: -kv[1])))
-
-
-def _part(bucket: str, band: str, level: int) -> str:
-    return f"{bucket}/{band}@{level}"
+def undecided_cells(results: pd.DataFrame, buckets: Sequence[Bucket], table: RoutingTable,
+                    constraints: Constraints = NO_CONSTRAINTS) -> list[Undecided]:
+    """The cell comparisons of ``table`` (chosen from ``results``) left within noise
+    (:class:`tuning.choose.cells.Undecided`), against each bucket's primary as the table routes it and at the noise
+    pooled over ``results``, as :func:`pick_best` decided them."""
+    ok = results[(results["status"] == STATUS_OK) & results["output_throughput"].notna()]
+    noise = pooled_noise(results)
+    return [u for b in buckets if len(b.temperatures) > 1
+            for u in bucket_cells(b, ok[ok["bucket"] == b.name], table.bucket(b.name).engine_config().key(), constraints,
+                            CELL_MIN_GAIN, noise).undecided]

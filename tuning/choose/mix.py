@@ -1,29 +1,32 @@
-"""What a mixed workload would sustain, predicted from per-bucket figures: one config for every
-bucket, or the routing table's config per bucket.
+"""What a mixed workload would sustain, predicted from measured figures: one config for every part of
+the mix, or the routing table's config per part.
 
 Why: a routing table runs one engine per distinct config. Whether that beats the best single config
 everywhere is what a user wants to know before deploying it, and the sweep's figures already bound
 how much it can (on one H200 the prediction was 1.08x and serving measured 1.02x: docs/results.md).
 
-The prediction is the time to serve each bucket's share of the output tokens at that bucket's
-measured rate: ``total tokens / sum_b(tokens_b / throughput_b)``. It ignores what mixing does inside
-one engine (short requests' prefills landing between long requests' decode steps) and how a deployment
-spreads load over its engines, so it is an estimate of a ratio, not a measurement of one.
+The prediction is the time to serve each part's share of the output tokens at that part's measured
+rate: ``total tokens / sum_p(tokens_p / throughput_p)``. It ignores what mixing does inside one engine
+(short requests' prefills landing between long requests' decode steps) and how a deployment spreads
+load over its engines, so it is an estimate of a ratio, not a measurement of one. A part is a bucket
+(:func:`predict`) or a bucket x sampling band x load level (:func:`predict_mix`).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import pandas as pd
 
 from orchestrator.errors import ConfigError
 from orchestrator.table import RoutingTable
 from tuning.buckets import Bucket
+from tuning.choose.cells import BucketChoice, CellMeasurement
 from tuning.results import successful_primary_rows
 
-__all__ = ["MixedPrediction", "bucket_prompts", "bucket_tokens", "mixed_throughput", "per_config_throughput", "predict",
-           "predict_for_table"]
+__all__ = ["MixedPrediction", "bucket_prompts", "bucket_tokens", "mix_parts", "mixed_throughput", "part_rates",
+           "per_config_throughput", "predict", "predict_for_table", "predict_mix"]
 
 
 def mixed_throughput(throughput: Mapping[str, float], tokens: Mapping[str, float]) -> float:
@@ -72,7 +75,7 @@ def bucket_prompts(buckets: Sequence[Bucket]) -> dict[str, int]:
 @dataclass(frozen=True)
 class MixedPrediction:
     """The mix's predicted throughput with the table's configs (``per_bucket_throughput``: one per bucket,
-    or per bucket x sampling band with cells, :func:`tuning.cells.predict_mix`) and with each single
+    or per bucket x sampling band with cells, :func:`tuning.choose.mix.predict_mix`) and with each single
     config measured on every part of the mix, best first. ``tokens``: the mix's output tokens per part."""
 
     tokens: Mapping[str, float]
@@ -120,3 +123,65 @@ def predict_for_table(table: RoutingTable, results: pd.DataFrame) -> MixedPredic
                   for b in table.buckets}
     pred = predict(per_config, tokens, per_bucket)
     return pred if pred.best_single is not None else None
+
+
+def mix_parts(token_shares: Mapping[tuple[str, str], float],
+              in_flight: int | Mapping[int, float]) -> dict[tuple[str, str, int], float]:
+    """The mix's share of the output tokens on each (bucket, band, load level): ``token_shares`` per
+    (bucket, band) spread over the load levels ``in_flight`` (one level, or level -> share)."""
+    loads = {int(in_flight): 1.0} if isinstance(in_flight, int) else {int(k): float(v) for k, v in in_flight.items()}
+    if not loads or any(v < 0 for v in loads.values()) or sum(loads.values()) <= 0:
+        raise ValueError(f"load shares must be >= 0 with a positive sum, got {loads}")
+    total_load = sum(loads.values())
+    parts = {(b, band, level): s * w / total_load for (b, band), s in token_shares.items() if s > 0
+             for level, w in loads.items() if w > 0}
+    if not parts:
+        raise ValueError("the mix has no output tokens")
+    return parts
+
+
+def part_rates(measurements: Iterable[CellMeasurement]) -> dict[tuple[str, str, str, int], float]:
+    """(engine key, bucket, band, level) -> mean output tok/s of one replica, as measured."""
+    return {(m.engine_key, m.bucket, m.band, m.in_flight): m.figures().output_throughput for m in measurements}
+
+
+def predict_mix(measurements: Sequence[CellMeasurement], choices: Mapping[str, BucketChoice],
+                token_shares: Mapping[tuple[str, str], float], *,
+                in_flight: int | Mapping[int, float]) -> MixedPrediction:
+    """Output tok/s of a mix whose output tokens fall on (bucket, band) in ``token_shares``
+    (:meth:`tuning.traffic.TrafficMix.cell_shares` with ``by="tokens"``) and on load levels (in-flight
+    requests per replica) in ``in_flight`` (one level, or level -> share of the tokens), served by the
+    chosen cells (``per_bucket_throughput``) and by every single config measured on every part of the mix
+    (:func:`tuning.choose.mix.mixed_throughput` over bucket x band x level instead of buckets). Per replica, as
+    if every part had engines of its own in proportion to its work (:mod:`tuning.choose.replicas` sizes whole
+    replicas on a fixed number of GPUs)."""
+    shares = mix_parts(token_shares, in_flight)
+    rate = part_rates(measurements)
+    parts = list(shares)
+    missing = [p for p in parts if p[0] not in choices]
+    if missing:
+        raise ValueError(f"no choice for bucket(s) of the mix: {sorted({b for b, _, _ in missing})}")
+    tokens = {_part(*p): v for p, v in shares.items()}
+
+    def rates(key_of: Any) -> dict[str, float]:
+        """Tok/s of each part of the mix served by ``key_of(bucket, band, level)``, where measured."""
+        out = {}
+        for b, band, level in parts:
+            r = rate.get((key_of(b, band, level), b, band, level))
+            if r:
+                out[_part(b, band, level)] = r
+        return out
+
+    table = rates(lambda b, band, level: choices[b].key_for(band, level))
+    if len(table) < len(parts):
+        unmeasured = sorted(set(tokens) - set(table))
+        raise ValueError(f"the table's configs were not all measured on the mix's parts: {', '.join(unmeasured)}")
+    keys = sorted({k for k, _, _, _ in rate})
+    singles = [(k, mixed_throughput(r, tokens)) for k in keys
+               if len(r := rates(lambda b, band, level, k=k: k)) == len(parts)]
+    return MixedPrediction(tokens=tokens, per_bucket_throughput=mixed_throughput(table, tokens),
+                           singles=tuple(sorted(singles, key=lambda kv: -kv[1])))
+
+
+def _part(bucket: str, band: str, level: int) -> str:
+    return f"{bucket}/{band}@{level}"

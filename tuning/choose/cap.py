@@ -6,7 +6,7 @@ Why measured per part: a table is judged against the best table there could be, 
 sweep's own estimate of it (which is what the table already is). Serving each part of the mix alone on
 each candidate config, on the same engines and load as the comparison, gives per-part rates that do
 not depend on the sweep; every routing of parts to configs is then sized on whole replicas
-(:func:`tuning.replicas.size_replicas`) and the fastest is the cap, to be served and measured beside
+(:func:`tuning.choose.replicas.size_replicas`) and the fastest is the cap, to be served and measured beside
 the table. A part is (bucket, sampling band): the cap does not split by load level, so a table whose
 load cells pay can come out above it.
 """
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from itertools import product
 from typing import Any
 
-from tuning.replicas import mix_rate, size_replicas, work_per_config
+from tuning.choose.replicas import mix_rate, size_replicas, work_per_config
 
 __all__ = ["MAX_ROUTINGS", "CapPlan", "best_routing", "cap_table", "pooled_rate"]
 
