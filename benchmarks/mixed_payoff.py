@@ -8,7 +8,7 @@ labelled SIMULATED. Every such drive checks that each engine of the driven app k
 (``/sim/info`` lateness counters, read from every engine replica directly); a drive whose engines fell
 behind is recorded and left out of every figure, and a round with such a drive gives no ratio. A table
 of real engines (a GPU sweep's) deploys real engines (``--share-gpu``: several on one GPU) and every
-drive counts; ``benchmarks/gpu/turbomind_device.sh payoff`` runs it on the H200.
+drive counts; ``benchmarks/gpu/staging/turbomind_device.sh payoff`` runs it on the H200.
 
 Every drive also records each class's share of its goodput (``classes``). Those shares cannot stand in
 for the cap (the best any table could do): in a closed loop a single config's share for a class is its
@@ -63,8 +63,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 RESULTS = ROOT / "benchmarks" / "results"
 DEFAULT_TABLE = RESULTS / "mixed_payoff_sim_2026-12-01_table.json"

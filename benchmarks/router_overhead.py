@@ -34,13 +34,19 @@ from typing import Any
 
 import aiohttp
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.sim_serve import (
+    MODEL,
+    SIM_MTP3,
+    add_serve_arguments,
+    apply_serve_env,
+    serve_settings,
+    served_sim_table,
+)
+from benchmarks.sim_serve import prompts as sample_prompts
+from orchestrator.engine import EngineProcess
+from orchestrator.fsutil import utc_now_iso
 
-from orchestrator.engine import EngineProcess  # noqa: E402
-from benchmarks.sim_serve import MODEL, SIM_MTP3, add_serve_arguments, apply_serve_env, serve_settings, served_sim_table  # noqa: E402
-from benchmarks.sim_serve import prompts as sample_prompts  # noqa: E402
-from orchestrator.fsutil import utc_now_iso  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 API_KEY = "sk-bench"
 

@@ -35,11 +35,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from orchestrator.config import EngineConfig
 
-from orchestrator.config import EngineConfig  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 PRESET = "qwen3.5-moe-35b-a3b-12l"
 WARMUP = "full-length wave per temperature + short run per concurrency"
@@ -121,7 +119,7 @@ def predicted(ckpt: Path | None, n: int, t: float) -> float | None:
 
     try:
         return predicted_accept_length(ckpt, n, t)
-    except Exception:  # noqa: BLE001 - a temperature the build did not predict
+    except Exception:
         return None
 
 
@@ -213,7 +211,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                 save()
                 log(f"{eng['name']} out {o} T {t:g} c {c}: {r['output_throughput']:.0f} tok/s, accept "
                     f"{r.get('accept_length')}, failed {r.get('failed')}")
-        except Exception as e:  # noqa: BLE001 - the engine's failure is a result; the next engine runs
+        except Exception as e:
             state.setdefault("failures", {})[eng["name"]] = repr(e)[:500]
             log(f"{eng['name']} failed: {e!r}")
         finally:

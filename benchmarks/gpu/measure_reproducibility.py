@@ -34,21 +34,18 @@ import json
 import shutil
 import sys
 import time
-from pathlib import Path
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import e2e  # noqa: E402  (the e2e run's Ray cluster, sweep command, deploy and mixed-load helpers)
-from e2e import HTTP_PORT, log  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from mixed_payoff import with_memory_fraction  # noqa: E402
-
-from orchestrator import table as routing  # noqa: E402
-from tuning.stats import mean_confidence_interval  # noqa: E402
-from tuning.traffic import TrafficMix  # noqa: E402
+from benchmarks.gpu import (
+    e2e,  # the e2e run's Ray cluster, sweep command, deploy and mixed-load helpers
+)
+from benchmarks.gpu.e2e import HTTP_PORT, log
+from benchmarks.mixed_payoff import with_memory_fraction
+from orchestrator import table as routing
+from tuning.stats import mean_confidence_interval
+from tuning.traffic import TrafficMix
 
 SEEDS = {"a": 0, "b": 1}
 GOAL = 0.03

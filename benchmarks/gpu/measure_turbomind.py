@@ -37,8 +37,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 __all__ = ["counted_rows", "engine_configs", "per_round", "pooled", "render_markdown", "summarize"]
 

@@ -1,5 +1,5 @@
 """The published Intern-S2 profile held against the MoE testbed (issue #22 item 4, second part): the pure parts of
-``benchmarks/sim_fit_published.py`` on hand-computed cases, and its committed result against what the stored
+``docs/analyses/sim_fit/sim_fit_published.py`` on hand-computed cases, and its committed result against what the stored
 profile and the committed landscape give when the cheap parts are run again."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ if str(ROOT) not in sys.path:
 from benchmarks import sim_fit_published as spf  # noqa: E402
 from orchestrator.sim.model import EngineParams, Profile, load_profile  # noqa: E402
 
-RESULT = json.loads((ROOT / "benchmarks/results/sim_fit_published_2026-12-02.json").read_text())
+RESULT = json.loads((ROOT / "docs/analyses/sim_fit/sim_fit_published_2026-12-02.json").read_text())
 PROFILE = load_profile(str(spf.PROFILE_PATH))
 LANDSCAPE = json.loads((ROOT / RESULT["step_costs"]["testbed_source"]["landscape"]).read_text())  # what it was run on
 

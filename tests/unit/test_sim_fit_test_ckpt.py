@@ -1,7 +1,7 @@
 """The test-checkpoint profile against its committed held-out check (issue #18 item 5): the stored profile
 holds the constants the fit result claims, and still produces every simulated held-out figure of
-``benchmarks/results/sim_fit_test_ckpt_2026-12-01.json``, so a later profile edit that moves the fit is
-caught here (and the result must be regenerated with ``benchmarks/sim_fit_test_ckpt.py``)."""
+``docs/analyses/sim_fit/sim_fit_test_ckpt_2026-12-01.json``, so a later profile edit that moves the fit is
+caught here (and the result must be regenerated with ``docs/analyses/sim_fit/sim_fit_test_ckpt.py``)."""
 from __future__ import annotations
 
 import json
@@ -22,7 +22,7 @@ from tuning.simfit import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-RESULT = json.loads((ROOT / "benchmarks/results/sim_fit_test_ckpt_2026-12-01.json").read_text())
+RESULT = json.loads((ROOT / "docs/analyses/sim_fit/sim_fit_test_ckpt_2026-12-01.json").read_text())
 MEASUREMENT = json.loads((ROOT / RESULT["measurement"]).read_text())
 PROFILE = load_profile(RESULT["profile"])
 SETUP = WaveSetup(**RESULT["setup"])
@@ -179,7 +179,7 @@ def test_the_write_up_says_what_its_own_result_holds():
     spec = importlib.util.spec_from_file_location("sim_fit_script", ROOT / "benchmarks" / "sim_fit_test_ckpt.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    pooled = json.loads((ROOT / "benchmarks/results/sim_fit_test_ckpt_2026-12-02_pooled.json").read_text())
+    pooled = json.loads((ROOT / "docs/analyses/sim_fit/sim_fit_test_ckpt_2026-12-02_pooled.json").read_text())
     md = script.render_md(pooled)
     assert "3 runs pooled" in md and "one wave each" in md
     assert "not stored in the profile, which keeps the fit of `sim_fit_test_ckpt_2026-12-01`" in md
@@ -189,7 +189,7 @@ def test_the_write_up_says_what_its_own_result_holds():
     waves = script.render_md({**pooled, "waves_per_round": [3, 3], "profile_written": True})
     assert "each the mean of its 3 waves" in waves and "of its own seed" in waves and "one wave each" not in waves
     assert "(stored in the profile)" in waves and "reproduces every simulated figure here" in waves
-    steps = json.loads((ROOT / "benchmarks/results/sim_fit_test_ckpt_2026-12-02_steps.json").read_text())
+    steps = json.loads((ROOT / "docs/analyses/sim_fit/sim_fit_test_ckpt_2026-12-02_steps.json").read_text())
     md = script.render_md(steps)
     assert "Part of that rise is how LMDeploy counts" in md and "no cell kept the counters' deltas" in md
     assert "each the mean of its 2 waves" in md and "rounds per cell (`tuning.stats.rounds_for_half_width`)" in md

@@ -1,4 +1,4 @@
-"""The testbed-noise analysis (``benchmarks/sim_fit_testbed_noise.py``) on synthetic data whose answer is known:
+"""The testbed-noise analysis (``docs/analyses/sim_fit/sim_fit_testbed_noise.py``) on synthetic data whose answer is known:
 noise recovered from level differences, the model's own error near 0 when there is none and at its size when
 there is, a shifted cell type flagged and the others not, and the statistics against known values."""
 from __future__ import annotations
