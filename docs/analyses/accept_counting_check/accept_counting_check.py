@@ -10,7 +10,7 @@ untruncated, plus evenly taken others: ``tuning.bench.counters``). What the pred
 the engine's own change with load, or the baseline's prompt sample. Runs without deltas (``--same-prompts``)
 get only the ceiling where nothing but each request's last step is counted.
 
-    python docs/analyses/accept_counting_check/accept_counting_check.py          # writes benchmarks/results/accept_counting_check_2026-12-02.{json,md}
+    python docs/analyses/accept_counting_check/accept_counting_check.py          # writes docs/analyses/accept_counting_check/accept_counting_check_2026-12-02.{json,md}
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[3]
 MEASUREMENT = ROOT / "benchmarks" / "results" / "gpu_mtp_h200_2026-11-29.json"
 SAME_PROMPTS = [ROOT / "benchmarks" / "results" / "gpu_accept_vs_load_h200_2026-12-02" / f"{e}_turbomind_results.json"
                 for e in ("mtp4", "mtp2")]
-OUT_PREFIX = ROOT / "benchmarks" / "results" / "accept_counting_check_2026-12-02"
+OUT_PREFIX = Path(__file__).resolve().parent / "accept_counting_check_2026-12-02"
 
 
 def _rel(path: Path) -> str:

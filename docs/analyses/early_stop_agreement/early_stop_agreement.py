@@ -10,7 +10,7 @@ workload is printed too (a sanity check that the HTTP path kept up with the time
 
     python docs/analyses/early_stop_agreement/early_stop_agreement.py [--time-scale 20] [--num-prompts 384] [--buckets 4096,8192,16384]
 
-Writes ``benchmarks/results/early_stop_agreement.{json,md}``.
+Writes ``docs/analyses/early_stop_agreement/early_stop_agreement.{json,md}``.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def main() -> int:
     ap.add_argument("--buckets", default="4096,8192,16384")
     ap.add_argument("--configs", default="0,3", help="draft tokens per config (0 = MTP off)")
     ap.add_argument("--tolerance", type=float, default=0.03)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "early_stop_agreement"))
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "early_stop_agreement"))
     ap.add_argument("--append", action="store_true",
                     help="add this run's rows to those already in OUT.json (each row keeps its prompt count; "
                          "every command is recorded)")

@@ -483,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draws", type=int, default=1000, help="bootstrap draws per (agreement, concurrency); 0: no bands")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--name", default="landscape_table_payoff_2026-12-04", help="results/<name>.json and .md")
-    p.add_argument("--out-dir", type=Path, default=RESULTS)
+    p.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parent)
     p.add_argument("--render", type=Path, default=None, metavar="JSON", help="only write the markdown of a results JSON")
     a = p.parse_args(argv)
 

@@ -14,13 +14,13 @@ Both objectives are compared: ``scalar`` (mean log throughput over buckets) and 
 objective per bucket, multi-objective TPE).
 
     python docs/analyses/optuna_vs_grid/optuna_vs_grid.py [--seeds 10] [--num-prompts 64]
-    python docs/analyses/optuna_vs_grid/optuna_vs_grid.py --seeds 10 --tolerance 0.005 --out benchmarks/results/optuna_vs_grid_strict
+    python docs/analyses/optuna_vs_grid/optuna_vs_grid.py --seeds 10 --tolerance 0.005 --out docs/analyses/optuna_vs_grid/optuna_vs_grid_strict
 
 Caveat: in the calibrated profile at concurrency 64 only the draft-token axis changes throughput
 (memory fraction and batch size >= 64 do not), so the 3% question is easy; the 0.5% run is the
 more discriminating one.
 
-Writes ``benchmarks/results/optuna_vs_grid.{json,md}``.
+Writes ``docs/analyses/optuna_vs_grid/optuna_vs_grid.{json,md}``.
 """
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def main() -> int:
     ap.add_argument("--tolerance", type=float, default=0.03)
     ap.add_argument("--goal", type=float, default=0.35)
     ap.add_argument("--n-startup-trials", type=int, default=None, help="default: defaults.yaml sweep.n_startup_trials")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "optuna_vs_grid"))
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "optuna_vs_grid"))
     args = ap.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     t0 = time.time()

@@ -58,7 +58,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 PROFILE_NAME = "intern-s2-preview-8xh200"
 PROFILE_PATH = PROFILES_DIR / f"{PROFILE_NAME}.json"
-OUT_PREFIX = ROOT / "benchmarks" / "results" / "sim_fit_published_2026-12-02"
+OUT_PREFIX = Path(__file__).resolve().parent / "sim_fit_published_2026-12-02"
 
 WORKLOAD = {"input_len": 1024, "range_ratio": 0.5, "concurrency": 64, "temperature": 0.0, "seed": 0}
 """The published benchmark's workload (as ``tests/unit/test_sim_model.py`` runs it), MTP-3 against MTP off."""

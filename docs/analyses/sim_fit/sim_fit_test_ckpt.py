@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[3]
 MEASUREMENT = ROOT / "benchmarks" / "results" / "gpu_engine_grid_h200_2026-12-01.json"
 PROFILE = PROFILES_DIR / "qwen35-test-83m-1xh200.json"
 CROSS_CHECK = ROOT / "benchmarks" / "results" / "gpu_turbomind_h200_2026-12-01.json"
-OUT_PREFIX = ROOT / "benchmarks" / "results" / "sim_fit_test_ckpt_2026-12-01"
+OUT_PREFIX = Path(__file__).resolve().parent / "sim_fit_test_ckpt_2026-12-01"
 _SECTION_OF = {**{k: "acceptance" for k in ACCEPT_BOUNDS}, **{k: "fitted" for k in STEP_BOUNDS}}
 PREVIOUS_PUBLISHED_SLOPE = 2.5
 """The published profile's ``accept_temperature_slope`` before it was taken from this fit (an assumption)."""

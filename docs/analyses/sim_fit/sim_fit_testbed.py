@@ -59,7 +59,7 @@ MEASUREMENT = ROOT / "benchmarks" / "results" / "gpu_landscape_h200_2026-12-04_a
 """The newest landscape (it holds every lease's cells: each lease is seeded with the one before)."""
 PROFILE_NAME = "qwen35-moe-testbed-1xh200"
 PROFILE = PROFILES_DIR / f"{PROFILE_NAME}.json"
-OUT_PREFIX = ROOT / "benchmarks" / "results" / "sim_fit_testbed_2026-12-04"
+OUT_PREFIX = Path(__file__).resolve().parent / "sim_fit_testbed_2026-12-04"
 """The result of the stored profile's fit (the default run writes it again)."""
 PRESET = measure_landscape.PRESET
 

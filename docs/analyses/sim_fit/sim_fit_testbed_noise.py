@@ -29,7 +29,7 @@ Three sources of noise, weakest to strongest assumption:
    same kind. Not a clean lease effect: each MTP agreement level is one lease, and lease 1 alone ran without
    per-concurrency warm-up, so an offset mixes lease, level and protocol (see the write-up's caveats).
 
-    python docs/analyses/sim_fit/sim_fit_testbed_noise.py                       # writes benchmarks/results/sim_fit_testbed_noise_<date>.md/.json
+    python docs/analyses/sim_fit/sim_fit_testbed_noise.py                       # writes docs/analyses/sim_fit/sim_fit_testbed_noise_<date>.md/.json
     python docs/analyses/sim_fit/sim_fit_testbed_noise.py --bootstrap 200 --name scratch_noise
 
 Last, how many runs per cell would make the ±10 % bar decidable cell by cell (:func:`decidability`).
@@ -1172,7 +1172,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="simulated futures per cell for the runs-to-decide table (0: leave it out)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--name", default=None, help="results name (default sim_fit_testbed_noise_<UTC date>)")
-    p.add_argument("--out-dir", type=Path, default=Path("benchmarks/results"))
+    p.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parent)
     return p.parse_args(argv)
 
 

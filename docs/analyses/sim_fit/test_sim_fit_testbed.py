@@ -7,22 +7,17 @@ import copy
 import json
 import math
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks import sim_fit_testbed as testbed  # noqa: E402
-from orchestrator.sim.model import Profile, list_profiles, load_profile  # noqa: E402
-from orchestrator.sim.scheduler import simulate_workload  # noqa: E402
-from tuning.checkpoint.build import PRESETS, ModelShape, make_config  # noqa: E402
-from tuning.checkpoint.tokenizer import SPECIAL_TOKENS  # noqa: E402
-from tuning.checkpoint.footprint import footprint  # noqa: E402
-from tuning.simfit import (  # noqa: E402
+from docs.analyses.sim_fit import sim_fit_testbed as testbed
+from orchestrator.sim.model import Profile, list_profiles, load_profile
+from orchestrator.sim.scheduler import simulate_workload
+from tuning.checkpoint.build import PRESETS, ModelShape, make_config
+from tuning.checkpoint.footprint import footprint
+from tuning.checkpoint.tokenizer import SPECIAL_TOKENS
+from tuning.simfit import (
     ACCEPT_TOLERANCE,
     THROUGHPUT_TOLERANCE,
     SimFitError,
@@ -31,6 +26,8 @@ from tuning.simfit import (  # noqa: E402
     landscape_cells,
     simulate_cell,
 )
+
+ROOT = Path(__file__).resolve().parents[3]
 
 RESULT = json.loads(Path(f"{testbed.OUT_PREFIX}.json").read_text())  # the stored profile's fit
 LANDSCAPE_PATH = ROOT / RESULT["measurements"][0]

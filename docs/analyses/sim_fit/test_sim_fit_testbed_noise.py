@@ -4,18 +4,15 @@ there is, a shifted cell type flagged and the others not, and the statistics aga
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from docs.analyses.sim_fit import sim_fit_testbed_noise as noise
+from tuning.stats import t_quantile
 
-from benchmarks import sim_fit_testbed_noise as noise  # noqa: E402
-from tuning.stats import t_quantile  # noqa: E402
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _cell(i: int, output_len: int, concurrency: int, draft_tokens: int, lease: int, error: float) -> noise.Cell:

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT / "benchmarks") not in sys.path:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+from docs.analyses.landscape_table_payoff import landscape_table_payoff as ltp
+from tuning.stats import PooledNoise, t_quantile
 
-import landscape_table_payoff as ltp  # noqa: E402
-from tuning.stats import PooledNoise, t_quantile  # noqa: E402
+ROOT = Path(__file__).resolve().parents[3]
 
 OFF, MTP3, MTP3_LOW = "mtp-off", "a0.9-mtp3", "a0.7-mtp3"
 G128, G512, S128, S512 = ("out128", "greedy"), ("out512", "greedy"), ("out128", "sampled"), ("out512", "sampled")

@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from docs.analyses.sim_fit import sim_fit_published as spf
+from orchestrator.sim.model import EngineParams, Profile, load_profile
 
-from benchmarks import sim_fit_published as spf  # noqa: E402
-from orchestrator.sim.model import EngineParams, Profile, load_profile  # noqa: E402
+ROOT = Path(__file__).resolve().parents[3]
 
 RESULT = json.loads((ROOT / "docs/analyses/sim_fit/sim_fit_published_2026-12-02.json").read_text())
 PROFILE = load_profile(str(spf.PROFILE_PATH))
