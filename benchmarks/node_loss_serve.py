@@ -36,7 +36,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from benchmarks import onehost
+from orchestrator import onehost
 from orchestrator.config import EngineConfig
 from orchestrator.hostinfo import git_commit
 from orchestrator.sim.model import DEFAULT_PROFILE
