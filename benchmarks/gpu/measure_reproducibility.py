@@ -38,12 +38,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gpu import (
-    e2e,  # the e2e run's Ray cluster, sweep command, deploy and mixed-load helpers
-)
+# e2e: the e2e run's Ray cluster, sweep command, deploy and mixed-load helpers
+from benchmarks.gpu import e2e
 from benchmarks.gpu.e2e import HTTP_PORT, log
-from benchmarks.mixed_payoff import with_memory_fraction
 from orchestrator import table as routing
+from tuning.payoff import with_memory_fraction
 from tuning.stats import mean_confidence_interval
 from tuning.traffic import TrafficMix
 

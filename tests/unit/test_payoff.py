@@ -1,18 +1,18 @@
-"""The mixed-payoff benchmark's pure parts: each class's share of a drive's goodput, the table against
-the best single config round by round, and the report's labels for real engines."""
+"""The mixed-payoff benchmark's pure parts (:mod:`tuning.payoff`, what ``benchmarks/mixed_payoff.py``
+reports): each class's share of a drive's goodput, the table against the best single config round by round,
+and the report's labels for real engines."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT / "benchmarks") not in sys.path:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+from tuning import payoff
 
-import mixed_payoff as payoff
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+TABLE = RESULTS / "mixed_payoff_sim_2026-12-01_table.json"  # the benchmark's default table and mix
+MIX = RESULTS / "mixed_payoff_sim_2026-12-01_mix.yaml"
 
 
 def _drive(app, rnd, classes, kept=True):
@@ -48,10 +48,10 @@ def test_the_cap_is_chosen_from_each_part_driven_alone_and_reported_beside_the_t
     from orchestrator import table as routing
     from tuning.traffic import load_mix
 
-    table_data = json.loads(payoff.DEFAULT_TABLE.read_text())
+    table_data = json.loads(TABLE.read_text())
     table = routing.parse(table_data)
     keys = sorted(table.distinct_configs())
-    mix = load_mix(payoff.DEFAULT_MIX)
+    mix = load_mix(MIX)
     drives: list[tuple[str, str]] = []
 
     def goodput(best_greedy: str):
