@@ -30,7 +30,6 @@ import json
 import math
 import platform
 import sys
-import tarfile
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -78,12 +77,8 @@ class Truth:
 def truth_from_run(run: Path = RUN) -> Truth:
     """The geometric mean of every round each config made on each cell in both sweeps of ``run``, and the
     noise of one round and of one engine start pooled over both (:func:`tuning.results.pooled_noise`; each
-    sweep's ``results.csv`` from its run-dir archive)."""
-    frames = []
-    for name in ("a", "b"):
-        with tarfile.open(run / f"sweep_{name}_run.tgz") as tgz:
-            member = next(m for m in tgz.getmembers() if m.name.endswith("/results.csv"))
-            frames.append(pd.read_csv(tgz.extractfile(member)))
+    sweep's ``results.csv``, kept in ``work/sweep-<name>/`` beside its table and spec)."""
+    frames = [pd.read_csv(run / "work" / f"sweep-{name}" / "results.csv") for name in ("a", "b")]
     df = pd.concat(frames, ignore_index=True)
     rounds: dict[tuple[str, str, float], list[float]] = defaultdict(list)
     for row in df[(df["status"] == STATUS_OK) & df["output_throughput"].notna()].to_dict("records"):
