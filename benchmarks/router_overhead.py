@@ -1,6 +1,6 @@
 """Router overhead: the Serve router in front of a simulated engine vs the same engine called directly.
 
-    python benchmarks/router_overhead.py [--concurrency 64] [--requests 256] [--max-tokens 512]
+    python -m benchmarks.router_overhead [--concurrency 64] [--requests 256] [--max-tokens 512]
         [--time-scale 1] [--soak-streams 256] [--soak-seconds 60]
         [--engine-transport grpc|object_ref] [--proxy-grpc] [--throughput-optimized] [--direct-ingress]
         [--out-dir DIR | --out benchmarks/results/router_overhead]

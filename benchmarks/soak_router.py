@@ -1,7 +1,7 @@
 """Soak: many concurrent streaming clients through the Serve router for a fixed time; count errors and
 watch the router replica's memory.
 
-    python benchmarks/soak_router.py [--streams 256] [--seconds 60] [--warmup-seconds 15]
+    python -m benchmarks.soak_router [--streams 256] [--seconds 60] [--warmup-seconds 15]
         [--max-tokens 512] [--input-tokens 256] [--time-scale 1]
         [--engine-transport grpc|object_ref] [--proxy-grpc] [--throughput-optimized] [--direct-ingress]
         [--malloc-arena-max N]

@@ -24,8 +24,8 @@ table measured on other weights is refused. A trained checkpoint differs between
 nondeterminism), so leases that share tables build theirs (``tuning.checkpoint.build --agreement``: drawn
 on the CPU from a seed, the same bytes every time).
 
-    python benchmarks/gpu/measure_reproducibility.py --ckpt /root/ckpt --out $OUT        # on the GPU machine
-    python benchmarks/gpu/measure_reproducibility.py --sim --out /tmp/repro              # dry run, simulated
+    python -m benchmarks.gpu.measure_reproducibility --ckpt /root/ckpt --out $OUT        # on the GPU machine
+    python -m benchmarks.gpu.measure_reproducibility --sim --out /tmp/repro              # dry run, simulated
 """
 from __future__ import annotations
 

@@ -17,10 +17,10 @@ alike; the engine at the turn stays up across it. Every figure is kept per round
 spread ((max - min) / mean). Without MTP the work does not depend on the weights (fixed lengths, dense
 model), so an oracle checkpoint of the same shape measures the plain engines as well.
 
-    python benchmarks/gpu/measure_turbomind.py --ckpt /root/ckpt --out $OUT [--concurrency 8,64,256] [--deadline-s 480]
-    python benchmarks/gpu/measure_turbomind.py --sim --out /tmp/tm      # dry run, simulated engines
-    python benchmarks/gpu/measure_turbomind.py --render results.json     # the markdown report
-    python benchmarks/gpu/measure_turbomind.py --render a.json b.json    # several runs pooled per cell
+    python -m benchmarks.gpu.measure_turbomind --ckpt /root/ckpt --out $OUT [--concurrency 8,64,256] [--deadline-s 480]
+    python -m benchmarks.gpu.measure_turbomind --sim --out /tmp/tm      # dry run, simulated engines
+    python -m benchmarks.gpu.measure_turbomind --render results.json     # the markdown report
+    python -m benchmarks.gpu.measure_turbomind --render a.json b.json    # several runs pooled per cell
 
 ``--out``/``turbomind_results.json`` is rewritten after every wave (a timeout keeps what was
 measured). With ``--sim`` the engines are the simulator's (no TurboMind backend there yet: its

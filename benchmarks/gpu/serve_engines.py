@@ -11,8 +11,8 @@ commits where MTP wins greedy traffic and loses sampled traffic (the shape measu
 MTP vs MTP off): short outputs to TurboMind; long greedy outputs to PyTorch MTP-2; long sampled outputs
 to TurboMind (a cell).
 
-    python benchmarks/gpu/serve_engines.py --ckpt /root/ckpt --out $OUT            # on the GPU machine
-    python benchmarks/gpu/serve_engines.py --sim --out /tmp/se                     # the same flow, simulated
+    python -m benchmarks.gpu.serve_engines --ckpt /root/ckpt --out $OUT            # on the GPU machine
+    python -m benchmarks.gpu.serve_engines --sim --out /tmp/se                     # the same flow, simulated
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ untruncated, plus evenly taken others: ``tuning.bench.counters``). What the pred
 the engine's own change with load, or the baseline's prompt sample. Runs without deltas (``--same-prompts``)
 get only the ceiling where nothing but each request's last step is counted.
 
-    python docs/analyses/accept_counting_check/accept_counting_check.py          # writes docs/analyses/accept_counting_check/accept_counting_check_2026-12-02.{json,md}
+    python -m docs.analyses.accept_counting_check.accept_counting_check          # writes docs/analyses/accept_counting_check/accept_counting_check_2026-12-02.{json,md}
 """
 from __future__ import annotations
 
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(given)
     rows = check(json.loads(args.measurement.read_text()))
-    result = {"command": " ".join(["python docs/analyses/accept_counting_check/accept_counting_check.py", *given]),
+    result = {"command": " ".join(["python -m docs.analyses.accept_counting_check.accept_counting_check", *given]),
               "measurement": _rel(args.measurement), "rows": rows, "summary": summary(rows),
               "same_prompts": [_rel(p) for p in args.same_prompts],
               "last_step_ceiling": last_step_ceiling([json.loads(p.read_text()) for p in args.same_prompts])}

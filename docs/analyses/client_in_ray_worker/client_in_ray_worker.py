@@ -1,6 +1,6 @@
 """Does the sweep's benchmark client measure lower inside a Ray worker than in a plain process?
 
-    python docs/analyses/client_in_ray_worker/client_in_ray_worker.py [--time-scale 4,10] [--rounds 2] [--out docs/analyses/client_in_ray_worker/client_in_ray_worker]
+    python -m docs.analyses.client_in_ray_worker.client_in_ray_worker [--time-scale 4,10] [--rounds 2] [--out docs/analyses/client_in_ray_worker/client_in_ray_worker]
 
 Why: on an H200 (GPU run 4, issue #7) the sweep measured the same engine config 1.2-1.5x below what the
 e2e driver measured when serving it. One difference is where ``tuning.bench`` runs: inside the trial's

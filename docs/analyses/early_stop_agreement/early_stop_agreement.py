@@ -8,7 +8,7 @@ included, is predicted within +-1% by the measured step-time model), and to comp
 early-stopped figure is within 3% of its full-run figure. The pure model's figure for the same
 workload is printed too (a sanity check that the HTTP path kept up with the time scale).
 
-    python docs/analyses/early_stop_agreement/early_stop_agreement.py [--time-scale 20] [--num-prompts 384] [--buckets 4096,8192,16384]
+    python -m docs.analyses.early_stop_agreement.early_stop_agreement [--time-scale 20] [--num-prompts 384] [--buckets 4096,8192,16384]
 
 Writes ``docs/analyses/early_stop_agreement/early_stop_agreement.{json,md}``.
 """

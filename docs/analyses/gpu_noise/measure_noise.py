@@ -9,8 +9,8 @@ runs the same workload over and over: per round and bucket, ``--small`` prompts 
 ``--large`` prompts once (interleaved, so a drift of the engine touches both sizes alike), every run
 with the same seed (identical requests: what differs is the engine and the client, nothing else).
 
-    python docs/analyses/gpu_noise/measure_noise.py --ckpt /root/ckpt --out $OUT [--deadline-s 300]
-    python docs/analyses/gpu_noise/measure_noise.py --sim --out /tmp/noise      # dry run, simulated engine
+    python -m docs.analyses.gpu_noise.measure_noise --ckpt /root/ckpt --out $OUT [--deadline-s 300]
+    python -m docs.analyses.gpu_noise.measure_noise --sim --out /tmp/noise      # dry run, simulated engine
 
 ``--out``/``noise.json`` is rewritten after every run (a timeout keeps what was measured), with per
 (bucket, prompts) the throughputs, mean, coefficient of variation and (max - min) / mean.

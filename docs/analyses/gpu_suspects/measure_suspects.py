@@ -18,9 +18,9 @@ and a second one right after. Per condition: mean and 95 % CI over rounds, and t
 ``quiet`` of the same round with its CI; a suspect "matters" only when that CI excludes 1. The SM clock,
 memory clock, power, temperature and NVML's clock-event reasons are sampled every 0.25 s.
 
-    python docs/analyses/gpu_suspects/measure_suspects.py --ckpt /root/oracle --out $OUT [--rounds 6] [--deadline-s 420]
-    python docs/analyses/gpu_suspects/measure_suspects.py --sim --out /tmp/suspects     # dry run, simulated engines
-    python docs/analyses/gpu_suspects/measure_suspects.py --render a/suspects.json [b/suspects.json ...]   # the report
+    python -m docs.analyses.gpu_suspects.measure_suspects --ckpt /root/oracle --out $OUT [--rounds 6] [--deadline-s 420]
+    python -m docs.analyses.gpu_suspects.measure_suspects --sim --out /tmp/suspects     # dry run, simulated engines
+    python -m docs.analyses.gpu_suspects.measure_suspects --render a/suspects.json [b/suspects.json ...]   # the report
 """
 from __future__ import annotations
 

@@ -29,9 +29,9 @@ effect, where the best single config is best on every part), as often as the tab
 the observed one. A table's ratio is >= 1 by construction (the singles are tables too), so (c), not
 (b)'s lower end, says whether a gain is more than noise picked by a max.
 
-    python docs/analyses/landscape_table_payoff/landscape_table_payoff.py                                  # the a0.9 landscape, default mixes
-    python docs/analyses/landscape_table_payoff/landscape_table_payoff.py --mix my_mixes.yaml --name my_run
-    python docs/analyses/landscape_table_payoff/landscape_table_payoff.py --render docs/analyses/landscape_table_payoff/landscape_table_payoff_2026-12-04.json
+    python -m docs.analyses.landscape_table_payoff.landscape_table_payoff                                  # the a0.9 landscape, default mixes
+    python -m docs.analyses.landscape_table_payoff.landscape_table_payoff --mix my_mixes.yaml --name my_run
+    python -m docs.analyses.landscape_table_payoff.landscape_table_payoff --render docs/analyses/landscape_table_payoff/landscape_table_payoff_2026-12-04.json
 
 ``--mix`` file (YAML or JSON): mix name -> part -> share of output tokens, parts as ``out512/greedy``;
 shares >= 0 summing to 1, parts left out get 0. Results: ``benchmarks/results/<name>.json`` and ``.md``.
@@ -313,7 +313,7 @@ def provenance(landscape_path: Path, landscape: Mapping[str, Any], argv: Sequenc
         shown = str(landscape_path.resolve().relative_to(ROOT))
     except ValueError:
         shown = str(landscape_path)
-    return {"command": "python docs/analyses/landscape_table_payoff/landscape_table_payoff.py " + " ".join(argv),
+    return {"command": "python -m docs.analyses.landscape_table_payoff.landscape_table_payoff " + " ".join(argv),
             "created_at": utc_now_iso(), "git_commit": commit,
             "landscape": shown, "landscape_sha256": hashlib.sha256(landscape_path.read_bytes()).hexdigest(),
             "landscape_host": landscape.get("host"), "landscape_commands": landscape.get("commands"),

@@ -2,9 +2,9 @@
 decode step time against the floor ``weight bytes read per step / HBM bandwidth``.
 
     source benchmarks/gpu/staging/device_env.sh                      # on the lent H200, after the wheels
-    python3 docs/analyses/memory_bound/measure_memory_bound.py --out $OUT --deadline-s 420
-    python docs/analyses/memory_bound/measure_memory_bound.py --render RESULTS.json > RESULTS.md   # anywhere
-    python docs/analyses/memory_bound/measure_memory_bound.py --build-only --device cpu --layers 4 \\
+    python -m docs.analyses.memory_bound.measure_memory_bound --out $OUT --deadline-s 420
+    python -m docs.analyses.memory_bound.measure_memory_bound --render RESULTS.json > RESULTS.md   # anywhere
+    python -m docs.analyses.memory_bound.measure_memory_bound --build-only --device cpu --layers 4 \\
         --hidden 256 --inter 512 --vocab 4096 --tok-vocab 1024 --out /tmp/mb          # CPU check
 
 What it does, in one call:

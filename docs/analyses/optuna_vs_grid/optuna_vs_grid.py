@@ -13,8 +13,8 @@ an evaluation. Every figure comes from the pure model
 Both objectives are compared: ``scalar`` (mean log throughput over buckets) and ``multi`` (one
 objective per bucket, multi-objective TPE).
 
-    python docs/analyses/optuna_vs_grid/optuna_vs_grid.py [--seeds 10] [--num-prompts 64]
-    python docs/analyses/optuna_vs_grid/optuna_vs_grid.py --seeds 10 --tolerance 0.005 --out docs/analyses/optuna_vs_grid/optuna_vs_grid_strict
+    python -m docs.analyses.optuna_vs_grid.optuna_vs_grid [--seeds 10] [--num-prompts 64]
+    python -m docs.analyses.optuna_vs_grid.optuna_vs_grid --seeds 10 --tolerance 0.005 --out docs/analyses/optuna_vs_grid/optuna_vs_grid_strict
 
 Caveat: in the calibrated profile at concurrency 64 only the draft-token axis changes throughput
 (memory fraction and batch size >= 64 do not), so the 3% question is easy; the 0.5% run is the

@@ -17,7 +17,7 @@ Each committed table is scored on the truth (:func:`tuning.sweep.choose.predict_
 config at its true rate): two tables' ratio on the mix, and each one's ratio to the reference, the table a
 sweep commits from the true rates themselves (no noise). Pure CPU; SIMULATED measurements, real choosing code.
 
-    python docs/analyses/repro_power/repro_power.py --pairs 400 --decide-rounds 0,2,4,8 --decide-starts 1,2
+    python -m docs.analyses.repro_power.repro_power --pairs 400 --decide-rounds 0,2,4,8 --decide-starts 1,2
 """
 from __future__ import annotations
 
@@ -295,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{got['within_tolerance']:.0%} of {args.pairs} pairs ({time.monotonic() - t0:.0f} s in all)",
                   file=sys.stderr, flush=True)
         results = [f.result() for f in futures]
-    command = "python docs/analyses/repro_power/repro_power.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m docs.analyses.repro_power.repro_power " + " ".join(argv if argv is not None else sys.argv[1:])
     text = render(results, truth, start_sd, command.strip(), {k: c.label() for k, c in sweeper.configs.items()})
     print(text)
     if args.out:

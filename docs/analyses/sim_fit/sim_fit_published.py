@@ -21,8 +21,8 @@ Expert coverage (``routing_spread``, ``verify_route_novelty``) is held: the test
 construction, so it says nothing about a trained router's correlation. Acceptance is held: the step constants
 do not move an accept length (each request's acceptance is drawn from its own seed).
 
-    python docs/analyses/sim_fit/sim_fit_published.py                 # fit and check (~15 min on 2 cores), writes the results
-    python docs/analyses/sim_fit/sim_fit_published.py --render R.json # re-derive what needs no simulation, re-write R.json and .md
+    python -m docs.analyses.sim_fit.sim_fit_published                 # fit and check (~15 min on 2 cores), writes the results
+    python -m docs.analyses.sim_fit.sim_fit_published --render R.json # re-derive what needs no simulation, re-write R.json and .md
 """
 from __future__ import annotations
 
@@ -458,7 +458,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
                                              "engine's fixed decode overhead"}
     return {
         "simulated": True,
-        "command": " ".join(["python docs/analyses/sim_fit/sim_fit_published.py", *argv]),
+        "command": " ".join(["python -m docs.analyses.sim_fit.sim_fit_published", *argv]),
         "date": utc_now_iso(), "git_commit": _git_commit(),
         "versions": {"python": platform.python_version(), **package_versions(["numpy"])},
         "hardware": {"cpu_model": cpu_model(), "cpus": cpus_available(),
@@ -735,7 +735,7 @@ def render_md(r: Mapping[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python docs/analyses/sim_fit/sim_fit_published.py", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m docs.analyses.sim_fit.sim_fit_published", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--out-prefix", type=Path, default=OUT_PREFIX, help="writes PREFIX.json and PREFIX.md")
     ap.add_argument("--render", type=Path, metavar="RESULT_JSON",

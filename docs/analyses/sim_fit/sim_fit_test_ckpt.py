@@ -9,8 +9,8 @@ step overheads are fitted on the FIT half; each held-out cell's wave is then run
 closed-loop benchmark and compared with the mean of the measured rounds (±10 % throughput, ±0.15 accept
 length), next to the rounds' own spread.
 
-    python docs/analyses/sim_fit/sim_fit_test_ckpt.py                      # fit, check, write results (~7 min on 2 cores)
-    python docs/analyses/sim_fit/sim_fit_test_ckpt.py --write-profile      # ... and store the fit in the profile
+    python -m docs.analyses.sim_fit.sim_fit_test_ckpt                      # fit, check, write results (~7 min on 2 cores)
+    python -m docs.analyses.sim_fit.sim_fit_test_ckpt --write-profile      # ... and store the fit in the profile
 """
 from __future__ import annotations
 
@@ -552,7 +552,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     json_path, md_path = Path(f"{args.out_prefix}.json"), Path(f"{args.out_prefix}.md")
     result: dict[str, Any] = {
         "simulated": True,
-        "command": " ".join(["python docs/analyses/sim_fit/sim_fit_test_ckpt.py", *(sys.argv[1:] if argv is None else argv)]),
+        "command": " ".join(["python -m docs.analyses.sim_fit.sim_fit_test_ckpt", *(sys.argv[1:] if argv is None else argv)]),
         "date": utc_now_iso(),
         "measurement": " + ".join(_rel(path) for path in args.measurement),
         "measurements": [_rel(path) for path in args.measurement],
@@ -599,7 +599,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"wrote {args.out_prefix}.json and .md" + (f"; updated {args.profile}" if args.write_profile else ""))
     given = " ".join(sys.argv[1:] if argv is None else argv)
     print("next: python -m pytest -q tests/unit/test_sim_fit_test_ckpt.py" if args.write_profile else
-          f"next: python docs/analyses/sim_fit/sim_fit_test_ckpt.py {given} --write-profile   (store this fit in the profile)")
+          f"next: python -m docs.analyses.sim_fit.sim_fit_test_ckpt {given} --write-profile   (store this fit in the profile)")
     return 0
 
 

@@ -13,9 +13,9 @@ overhead added to GPU time; partly hidden behind it, ``host_overlap``; and that 
 held-out cell's run is then repeated by the simulator's own closed-loop benchmark and compared with the one
 measured run (±10 % throughput, ±0.15 accept length as LMDeploy's counters count it), for every structure.
 
-    python docs/analyses/sim_fit/sim_fit_testbed.py                                   # fit, check, write the write-up (~40 min, one core)
-    python docs/analyses/sim_fit/sim_fit_testbed.py --measurement A.json B.json      # pool several leases' landscapes
-    python docs/analyses/sim_fit/sim_fit_testbed.py --write-profile                  # ... and store the fit in the profile
+    python -m docs.analyses.sim_fit.sim_fit_testbed                                   # fit, check, write the write-up (~40 min, one core)
+    python -m docs.analyses.sim_fit.sim_fit_testbed --measurement A.json B.json      # pool several leases' landscapes
+    python -m docs.analyses.sim_fit.sim_fit_testbed --write-profile                  # ... and store the fit in the profile
 """
 from __future__ import annotations
 
@@ -792,7 +792,7 @@ def result_of(args: argparse.Namespace, argv: Sequence[str], landscapes: Sequenc
     facts = measurement_facts(cells)
     r: dict[str, Any] = {
         "simulated": True,
-        "command": " ".join(["python docs/analyses/sim_fit/sim_fit_testbed.py", *argv]),
+        "command": " ".join(["python -m docs.analyses.sim_fit.sim_fit_testbed", *argv]),
         "date": utc_now_iso(),
         "measurements": [_rel(p) for p in args.measurement],
         "profile": PROFILE_NAME, "profile_written": args.write_profile,
@@ -843,7 +843,7 @@ def profile_notes(r: Mapping[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python docs/analyses/sim_fit/sim_fit_testbed.py", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m docs.analyses.sim_fit.sim_fit_testbed", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--measurement", type=Path, nargs="+", default=[MEASUREMENT],
                     help="measure_landscape.py landscape.json files (pooled by cell key; default: the committed one)")
@@ -947,7 +947,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"length as counted within ±0.15 in {h['accept_pass']}/{h['accept_cells']}.")
     print(f"wrote {args.out_prefix}.json and .md" + (f"; updated {args.profile}" if args.write_profile else ""))
     print("next: python -m pytest -q tests/unit/test_sim_fit_testbed.py" if args.write_profile else
-          f"next: python docs/analyses/sim_fit/sim_fit_testbed.py {' '.join(given)} --write-profile   (store this fit in the profile)")
+          f"next: python -m docs.analyses.sim_fit.sim_fit_testbed {' '.join(given)} --write-profile   (store this fit in the profile)")
     return 0
 
 

@@ -29,8 +29,8 @@ Three sources of noise, weakest to strongest assumption:
    same kind. Not a clean lease effect: each MTP agreement level is one lease, and lease 1 alone ran without
    per-concurrency warm-up, so an offset mixes lease, level and protocol (see the write-up's caveats).
 
-    python docs/analyses/sim_fit/sim_fit_testbed_noise.py                       # writes docs/analyses/sim_fit/sim_fit_testbed_noise_<date>.md/.json
-    python docs/analyses/sim_fit/sim_fit_testbed_noise.py --bootstrap 200 --name scratch_noise
+    python -m docs.analyses.sim_fit.sim_fit_testbed_noise                       # writes docs/analyses/sim_fit/sim_fit_testbed_noise_<date>.md/.json
+    python -m docs.analyses.sim_fit.sim_fit_testbed_noise --bootstrap 200 --name scratch_noise
 
 Last, how many runs per cell would make the ±10 % bar decidable cell by cell (:func:`decidability`).
 """
@@ -1189,7 +1189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     now = datetime.now(timezone.utc)
     name = args.name or f"sim_fit_testbed_noise_{now.date().isoformat()}"
     r["provenance"] = {
-        "command": " ".join(["python docs/analyses/sim_fit/sim_fit_testbed_noise.py", *argv]).strip(),
+        "command": " ".join(["python -m docs.analyses.sim_fit.sim_fit_testbed_noise", *argv]).strip(),
         "created_at": now.isoformat(timespec="seconds"), "git_commit": git_commit(ROOT) or "unknown",
         "python": platform.python_version(), "numpy": np.__version__,
         "landscape": _rel(paths["landscape"]), "landscape_sha256": hashlib.sha256(raw["landscape"]).hexdigest(),

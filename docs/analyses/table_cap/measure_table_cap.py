@@ -14,8 +14,8 @@ All engines start together on the one GPU (each reserves a small KV pool), are w
 bucket, every config once, the order rotating and reversing between rounds (so a drift of the machine
 touches all configs alike).
 
-    python docs/analyses/table_cap/measure_table_cap.py --ckpt /root/ckpt --out $OUT [--deadline-s 540]
-    python docs/analyses/table_cap/measure_table_cap.py --sim --out /tmp/cap     # dry run, simulated engines
+    python -m docs.analyses.table_cap.measure_table_cap --ckpt /root/ckpt --out $OUT [--deadline-s 540]
+    python -m docs.analyses.table_cap.measure_table_cap --sim --out /tmp/cap     # dry run, simulated engines
 
 ``--out``/``table_cap.json`` is rewritten after every run (a timeout keeps what was measured).
 """
