@@ -36,12 +36,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from a checkout
-
-from benchmarks import onehost  # noqa: E402
-from orchestrator.config import EngineConfig  # noqa: E402
-from orchestrator.hostinfo import git_commit  # noqa: E402
-from orchestrator.sim.model import DEFAULT_PROFILE  # noqa: E402
+from orchestrator import onehost
+from orchestrator.config import EngineConfig
+from orchestrator.hostinfo import git_commit
+from orchestrator.sim.model import DEFAULT_PROFILE
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_ENV = "MTP_TEST_NODE"
@@ -203,7 +201,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         try:
             serve.shutdown()
-        except Exception:  # noqa: BLE001 - Ray may be gone already
+        except Exception:
             pass
         ray.shutdown()
         cluster.shutdown()

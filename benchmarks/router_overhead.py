@@ -1,6 +1,6 @@
 """Router overhead: the Serve router in front of a simulated engine vs the same engine called directly.
 
-    python benchmarks/router_overhead.py [--concurrency 64] [--requests 256] [--max-tokens 512]
+    python -m benchmarks.router_overhead [--concurrency 64] [--requests 256] [--max-tokens 512]
         [--time-scale 1] [--soak-streams 256] [--soak-seconds 60]
         [--engine-transport grpc|object_ref] [--proxy-grpc] [--throughput-optimized] [--direct-ingress]
         [--out-dir DIR | --out benchmarks/results/router_overhead]
@@ -34,13 +34,19 @@ from typing import Any
 
 import aiohttp
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.sim_serve import (
+    MODEL,
+    SIM_MTP3,
+    add_serve_arguments,
+    apply_serve_env,
+    serve_settings,
+    served_sim_table,
+)
+from benchmarks.sim_serve import prompts as sample_prompts
+from orchestrator.engine import EngineProcess
+from orchestrator.fsutil import utc_now_iso
 
-from orchestrator.engine import EngineProcess  # noqa: E402
-from benchmarks.sim_serve import MODEL, SIM_MTP3, add_serve_arguments, apply_serve_env, serve_settings, served_sim_table  # noqa: E402
-from benchmarks.sim_serve import prompts as sample_prompts  # noqa: E402
-from orchestrator.fsutil import utc_now_iso  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 API_KEY = "sk-bench"
 

@@ -9,15 +9,15 @@ import os
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 from pathlib import Path
+from typing import Any
 
+from orchestrator import table as routing
 from orchestrator.config import EngineConfig
+from orchestrator.fsutil import utc_now_iso
 from orchestrator.ports import find_free_port
 from orchestrator.sim.model import DEFAULT_PROFILE
 from orchestrator.sim.tokenizer import sample_text
-from orchestrator import table as routing
-from orchestrator.fsutil import utc_now_iso
 
 MODEL = DEFAULT_PROFILE
 SIM_MTP3 = EngineConfig(backend="sim", model=MODEL, tp=8, speculative_algorithm="qwen3_5_mtp", num_draft_tokens=3)

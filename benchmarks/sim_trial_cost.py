@@ -12,20 +12,18 @@ import argparse
 import json
 import os
 import resource
-import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from orchestrator.config import EngineConfig
+from orchestrator.engine import EngineProcess
+from orchestrator.sim.model import DEFAULT_PROFILE
+from tuning.bench import SteadyStateRule, benchmark
+from tuning.buckets import make_buckets
 
-from orchestrator.config import EngineConfig  # noqa: E402
-from orchestrator.engine import EngineProcess  # noqa: E402
-from orchestrator.sim.model import DEFAULT_PROFILE  # noqa: E402
-from tuning.bench import SteadyStateRule, benchmark  # noqa: E402
-from tuning.buckets import make_buckets  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _cpu_s(pid: int) -> float:

@@ -1,7 +1,7 @@
 """Soak: many concurrent streaming clients through the Serve router for a fixed time; count errors and
 watch the router replica's memory.
 
-    python benchmarks/soak_router.py [--streams 256] [--seconds 60] [--warmup-seconds 15]
+    python -m benchmarks.soak_router [--streams 256] [--seconds 60] [--warmup-seconds 15]
         [--max-tokens 512] [--input-tokens 256] [--time-scale 1]
         [--engine-transport grpc|object_ref] [--proxy-grpc] [--throughput-optimized] [--direct-ingress]
         [--malloc-arena-max N]
@@ -39,12 +39,18 @@ from typing import Any
 
 import aiohttp
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.sim_serve import (
+    MODEL,
+    SIM_MTP3,
+    add_serve_arguments,
+    apply_serve_env,
+    serve_settings,
+    served_sim_table,
+)
+from benchmarks.sim_serve import prompts as sample_prompts
+from orchestrator.fsutil import utc_now_iso
 
-from benchmarks.sim_serve import MODEL, SIM_MTP3, add_serve_arguments, apply_serve_env, serve_settings, served_sim_table  # noqa: E402
-from benchmarks.sim_serve import prompts as sample_prompts  # noqa: E402
-from orchestrator.fsutil import utc_now_iso  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 API_KEY = "sk-soak"
 APP = "soak"
@@ -75,7 +81,7 @@ async def _one(session: aiohttp.ClientSession, url: str, prompt: str, max_tokens
                 if first is None:
                     first = now
                 last = now
-    except Exception as e:  # noqa: BLE001 - recorded, never raised: one failure must not stop the run
+    except Exception as e:
         return {"ok": False, "error": f"{type(e).__name__}: {str(e)[:120]}", "start": t0}
     end = time.perf_counter()
     if tokens <= 0:
@@ -116,7 +122,7 @@ def summarize(results: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     for r in results:
         if not r["ok"]:
             errors[r["error"][:100]] = errors.get(r["error"][:100], 0) + 1
-    ms = lambda key: [r[key] * 1000 for r in ok if r.get(key) is not None]  # noqa: E731
+    ms = lambda key: [r[key] * 1000 for r in ok if r.get(key) is not None]
     stats = {}
     for key in ("ttft_s", "itl_s", "e2e_s"):
         v = ms(key)

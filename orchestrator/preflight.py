@@ -147,11 +147,11 @@ _MISSING_LIBRARY_FIX = {
     "libcublas.so.12": (
         "cuBLAS 12. On a CUDA 12 node `pip install nvidia-cublas-cu12`; on a CUDA 13 node either that "
         "wheel (~580 MB) or the six-call pass-through to cuBLAS 13: "
-        "`bash benchmarks/gpu/turbomind/build_shim.sh {lib}`"
+        "`bash benchmarks/gpu/staging/turbomind/build_shim.sh {lib}`"
     ),
     "libcublasLt.so.12": (
         "cuBLASLt 12 (linked, never called). `pip install nvidia-cublas-cu12`, or on a CUDA 13 node "
-        "`bash benchmarks/gpu/turbomind/build_shim.sh {lib}` (builds an empty stand-in with the cuBLAS shim)"
+        "`bash benchmarks/gpu/staging/turbomind/build_shim.sh {lib}` (builds an empty stand-in with the cuBLAS shim)"
     ),
     "libnccl.so.2": (
         "NCCL. `pip install nvidia-nccl-cu12` (CUDA 12) or nvidia-nccl-cu13 (torch's CUDA 13 build brings "

@@ -26,7 +26,7 @@ MIN_MEASURED_WAVES = 2
 """Fewer prompts than this many times the concurrency is not a steady-state measurement: on an H200
 one wave (64 prompts at concurrency 64) measured 0.77x (le2048: the batch empties over the drawn output
 lengths) and 1.19x (le256: no prefills between decode steps) the four-wave figure, with 12-17 % run-to-run
-CV against 8-10 % (``benchmarks/results/gpu_noise_h200_2026-11-30.md``)."""
+CV against 8-10 % (``docs/analyses/gpu_noise/gpu_noise_h200_2026-11-30.md``)."""
 
 
 def bucket_name(max_output_len: int) -> str:

@@ -39,12 +39,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from orchestrator import table as routing  # noqa: E402
-from orchestrator.config import EngineConfig  # noqa: E402
+from orchestrator import table as routing
+from orchestrator.config import EngineConfig
 from orchestrator.fsutil import utc_now_iso
+
+ROOT = Path(__file__).resolve().parents[2]
 
 T0 = time.monotonic()
 APP = "mtp"
@@ -120,7 +119,7 @@ def ray_cluster(gpus: Sequence[int], *, sim: bool, num_cpus: int) -> Iterator[No
 
             if ray.is_initialized():
                 ray.shutdown()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
         stop_ray()
 
@@ -326,7 +325,7 @@ def prometheus_check() -> dict[str, Any]:
     while time.monotonic() < deadline:
         try:
             text = httpx.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10).text
-        except Exception:  # noqa: BLE001 - the agent may still be starting
+        except Exception:
             text = ""
         missing = [m for m in wanted if m not in text]
         if not missing:
@@ -384,7 +383,7 @@ async def _closed_loop(url: str, model: str, reqs: Sequence[tuple[str, int] | tu
                                 usage = obj.get("usage") or usage
                         tokens += int((usage or {}).get("completion_tokens") or 0)
                         done += 1
-                except Exception:  # noqa: BLE001 - counted, the run goes on
+                except Exception:
                     errors += 1
 
         t = time.monotonic()
@@ -420,7 +419,7 @@ def mixed_runs(reqs: list[tuple[str, int]], concurrency: int, repeats: int) -> d
 
 def best_static(run_dir: Path, buckets: Sequence[Any], reqs: list[tuple[str, int]]) -> tuple[EngineConfig, dict]:
     """The single config with the best predicted throughput on the mixed requests ``reqs`` from the
-    sweep's rows (:func:`tuning.mixed.predict`: the time one engine would need to serve every bucket's
+    sweep's rows (:func:`tuning.choose.mix.predict`: the time one engine would need to serve every bucket's
     share at that bucket's measured rate)."""
     import pandas as pd
 
@@ -651,7 +650,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result: dict[str, Any] = {"phase": a.phase, "error": None}
     try:
         result.update(fn(a))
-    except Exception as e:  # noqa: BLE001 - whatever happened is written down and returned
+    except Exception as e:
         import traceback
 
         result["error"] = f"{type(e).__name__}: {e}"

@@ -47,8 +47,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 SPEC_COUNTERS = {
     "num_drafts": "lmdeploy:spec_decode_num_drafts_total",
@@ -69,19 +67,19 @@ def versions() -> dict[str, str]:
         try:
             mod = __import__(name)
             out[name] = str(getattr(mod, "__version__", "present"))
-        except Exception as e:  # noqa: BLE001 (report, never fail)
+        except Exception as e:
             out[name] = f"missing ({type(e).__name__})"
     try:
         import torch
 
         out["cuda"] = str(torch.version.cuda)
         out["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
     try:
         out["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                                        capture_output=True, text=True, timeout=20).stdout.strip()
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
     return out
 
@@ -91,7 +89,7 @@ def gpu_memory_used_mib() -> float | None:
         r = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
                            capture_output=True, text=True, timeout=20)
         return float(r.stdout.strip().splitlines()[0])
-    except Exception:  # noqa: BLE001
+    except Exception:
         return None
 
 
@@ -100,7 +98,7 @@ def gpu_memory_by_pgid() -> dict[int, float]:
     try:
         r = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
                            capture_output=True, text=True, timeout=20)
-    except Exception:  # noqa: BLE001
+    except Exception:
         return {}
     out: dict[int, float] = {}
     for line in r.stdout.strip().splitlines():
@@ -308,7 +306,7 @@ def _own_cell(eng, prompts: Sequence[str], output_len: int, concurrency: int) ->
     toks = sum((r.get("usage") or {}).get("completion_tokens", output_len) for r in ok)
     ttft = [r["ttft_s"] * 1e3 for r in ok if r["ttft_s"] is not None]
     tpot = [(r["e2e_s"] - r["ttft_s"]) * 1e3 / max(1, output_len - 1) for r in ok if r["ttft_s"] is not None]
-    mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
+    mean = lambda xs: sum(xs) / len(xs) if xs else None
     return {"client": "measure_mtp fallback", "completed": len(ok), "failed": len(res) - len(ok),
             "duration_s": dur, "output_throughput": toks / dur, "total_output_tokens": toks,
             "ttft_ms": {"mean": mean(ttft)}, "tpot_ms": {"mean": mean(tpot)}}
@@ -324,7 +322,7 @@ def run_matrix(engines, expected, args, results, save) -> None:
 
         tok = Tokenizer.from_file(str(Path(args.ckpt) / "tokenizer.json"))
         counter = HFTokenCounter(tok, name="ckpt-bpe", corpus_text="\n".join(expected["bench_prompts"]))
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         use_bench = False
         results["notes"].append(f"project bench client unavailable ({type(e).__name__}: {e}); fallback client used")
     cells = results["matrix"]
@@ -332,7 +330,7 @@ def run_matrix(engines, expected, args, results, save) -> None:
     order = [(b, c) for b in args.buckets for c in args.concurrency]
     if use_bench:
         # One unmeasured full-length wave per engine first: a fresh engine's first full-length run is
-        # 15-45 % slower than the next (benchmarks/results/gpu_suspects_h200_2026-12-01), which would
+        # 15-45 % slower than the next (docs/analyses/gpu_suspects/gpu_suspects_h200_2026-12-01), which would
         # bias whichever cell came first.
         conc = min(64, max(args.concurrency))
         wl = Workload(dataset="random", input_len=args.input_len, output_len=max(args.buckets), range_ratio=1.0,
@@ -367,7 +365,7 @@ def run_matrix(engines, expected, args, results, save) -> None:
                               num_prompts=n_prompts, max_concurrency=conc, temperature=0.0, ignore_eos=True,
                               seed=bucket + conc, name=f"out{bucket}")
                 row.update(_bench_cell(eng, wl, counter))
-            except Exception as e:  # noqa: BLE001 (keep measuring with the fallback)
+            except Exception as e:
                 if use_bench:
                     results["notes"].append(f"bench client failed at {label}/{bucket}/{conc}: "
                                             f"{type(e).__name__}: {str(e)[:300]}; fallback client from here on")

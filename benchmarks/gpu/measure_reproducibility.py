@@ -24,8 +24,8 @@ table measured on other weights is refused. A trained checkpoint differs between
 nondeterminism), so leases that share tables build theirs (``tuning.checkpoint.build --agreement``: drawn
 on the CPU from a seed, the same bytes every time).
 
-    python benchmarks/gpu/measure_reproducibility.py --ckpt /root/ckpt --out $OUT        # on the GPU machine
-    python benchmarks/gpu/measure_reproducibility.py --sim --out /tmp/repro              # dry run, simulated
+    python -m benchmarks.gpu.measure_reproducibility --ckpt /root/ckpt --out $OUT        # on the GPU machine
+    python -m benchmarks.gpu.measure_reproducibility --sim --out /tmp/repro              # dry run, simulated
 """
 from __future__ import annotations
 
@@ -34,93 +34,32 @@ import json
 import shutil
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from collections.abc import Mapping, Sequence
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# e2e: the e2e run's Ray cluster, sweep command, deploy and mixed-load helpers
+from benchmarks.gpu import e2e
+from benchmarks.gpu.e2e import HTTP_PORT, log
+from orchestrator import table as routing
+from tuning.payoff import with_memory_fraction
+from tuning.reproducibility import (
+    SEEDS,
+    WEIGHTS_RECORD,
+    choices,
+    mix_requests,
+    noise_space,
+    parse_sim_noise,
+    route_differences,
+    routes,
+    stop_after_sweeps,
+    sweep_flags,
+    weights,
+    weights_differences,
+)
+from tuning.stats import mean_confidence_interval
 
-import e2e  # noqa: E402  (the e2e run's Ray cluster, sweep command, deploy and mixed-load helpers)
-from e2e import HTTP_PORT, log  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from mixed_payoff import with_memory_fraction  # noqa: E402
-
-from orchestrator import table as routing  # noqa: E402
-from tuning.stats import mean_confidence_interval  # noqa: E402
-from tuning.traffic import TrafficMix  # noqa: E402
-
-SEEDS = {"a": 0, "b": 1}
 GOAL = 0.03
-WEIGHTS_RECORD = "weights.json"
-STOP_MARGIN_S = 210.0
-"""Seconds a sweep keeps, after its hard limit (``--stop-after-s``), before ``--sweep-timeout-s``: the round in
-progress (a fresh engine's first holds its burn-in: ~65 s on the H200), the engines' stops one at a time under
-the GPU lease, the reports and the table; the limit counts from the sweep's start, after Ray's connect."""
-
-
-def spec_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    """Where two sweeps' specs (``sweep.json``) differ beyond what two independent sweeps of one space may:
-    their seeds, ids and run dirs, and where they ran (``tokenizer``: the checkpoint's path)."""
-    own = {"sweep_id", "run_dir", "seed", "tokenizer", "routing_table", "max_concurrent_trials"}
-    return [f"{k}: {a.get(k)!r} vs {b.get(k)!r}"[:200] for k in sorted((set(a) | set(b)) - own) if a.get(k) != b.get(k)]
-
-
-def _noise(text: str) -> tuple[float, float]:
-    """``START_SD,SD`` for ``--sim-noise``."""
-    from orchestrator.sim.noise import EngineNoise
-
-    try:
-        start_sd, sd = (float(x) for x in text.split(","))
-        EngineNoise(start_sd=start_sd, sd=sd)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"{text!r}: two log sds START_SD,SD in [0, 2] ({e})") from None
-    return start_sd, sd
-
-
-def _later_call(argv: list[str], tags: list[str]) -> list[str]:
-    """``argv`` for the call that runs sweeps ``tags``: its ``--sweeps``, ``--work`` and ``--reuse`` left out
-    (the caller names the new ones)."""
-    out, skip = [], False
-    for x in argv:
-        if skip:
-            skip = False
-        elif x in ("--sweeps", "--work"):
-            skip = True
-        elif not x.startswith(("--sweeps=", "--work=")) and x != "--reuse":
-            out.append(x)
-    return [*out, "--sweeps", ",".join(tags)]
-
-
-def weights(ckpt: str, sim: bool) -> dict[str, Any]:
-    """What the sweeps measure on: every weights file of the checkpoint with its sha256."""
-    if sim:
-        return {"simulated": True}
-    from tuning.checkpoint.build import weights_sha256
-
-    files = sorted(Path(ckpt).glob("*.safetensors"))
-    if not files:
-        raise SystemExit(f"{ckpt}: no *.safetensors weights to measure")
-    return {"files": {f.name: weights_sha256(f) for f in files}}
-
-
-def weights_differences(now: Mapping[str, Any], work: Path, tags: Sequence[str]) -> list[str]:
-    """The sweeps in ``work`` not shown to have measured ``now``'s weights: another record, or none (a
-    table from before the record, or copied without it)."""
-    differ = []
-    for tag in tags:
-        path = work / f"sweep-{tag}" / WEIGHTS_RECORD
-        if not path.exists():
-            differ.append(f"sweep {tag} has no {WEIGHTS_RECORD} (its weights are unknown)")
-        elif (then := json.loads(path.read_text())) != now:
-            differ.append(f"sweep {tag} measured {_short(then)}, this run has {_short(now)}")
-    return differ
-
-
-def _short(record: Mapping[str, Any]) -> str:
-    if record.get("simulated"):
-        return "simulated engines"
-    return ", ".join(f"{name} {digest[:16]}" for name, digest in sorted(record.get("files", {}).items())) or "no weights"
 
 
 def sweep(tag: str, a: argparse.Namespace, record: Mapping[str, Any]) -> dict[str, Any]:
@@ -131,22 +70,11 @@ def sweep(tag: str, a: argparse.Namespace, record: Mapping[str, Any]) -> dict[st
     cmd = e2e.sweep_cmd(a, run_dir, sweep_id=f"repro-{tag}", num_trials=a.num_trials, share=True,
                         time_budget_s=a.time_budget_s)
     cmd[cmd.index("--seed") + 1] = str(SEEDS[tag])
-    cmd += ["--temperatures", a.temperatures, "--traffic-mix", a.traffic_mix, "--decide-rounds", str(a.decide_rounds),
-            "--decide-starts", str(a.decide_starts)]
-    if a.burn_in_s is not None and not a.sim:
-        cmd += ["--burn-in-s", f"{a.burn_in_s:g}"]
-    if a.baseline_memory_fraction is not None:
-        cmd += ["--baseline-memory-fraction", f"{a.baseline_memory_fraction:g}"]
-    if a.sim and a.sim_noise and any(a.sim_noise):  # every simulated engine varies (its flags beside the defaults')
-        from tuning.sweep.spec import default_space, load_defaults
-
-        base = default_space(load_defaults(), simulated=True).get("extra_flags", [])  # what the sweep would take
-        flags = [*base, "--noise-start-sd", f"{a.sim_noise[0]:g}", "--noise-sd", f"{a.sim_noise[1]:g}"]
+    space = None
+    if (noisy := noise_space(a)) is not None:  # every simulated engine varies (its flags beside the defaults')
         space = Path(a.work) / f"space-{tag}.json"  # JSON is YAML: the sweep's --space reads it
-        space.write_text(json.dumps({"extra_flags": flags}))
-        cmd += ["--space", str(space)]
-    # The sweep stops its own rounds early enough to commit a table before the timeout kills it.
-    cmd += ["--stop-after-s", f"{max(a.time_budget_s, a.sweep_timeout_s - STOP_MARGIN_S):g}"]
+        space.write_text(json.dumps(noisy))
+    cmd += sweep_flags(a, space)  # its hard limit leaves it the time to commit a table before the timeout
     run_dir.mkdir(parents=True)  # the record first: a table is never in the folder without it
     (run_dir / WEIGHTS_RECORD).write_text(json.dumps(record, indent=1))
     t = time.monotonic()
@@ -171,28 +99,6 @@ def deploy(tag: str, table_path: Path, a: argparse.Namespace) -> dict[str, Any]:
     return {"rc": proc.returncode, "command": " ".join(cmd)}
 
 
-def mix_requests(buckets: Sequence[Any], mix: TrafficMix, tokenizer: Any, total: int,
-                 seed: int = 0) -> list[tuple[str, int, float]]:
-    """The stated mix as requests: each class's share of ``total`` (at least one), drawn in turn from the
-    sweep workload of the bucket its ``max_tokens`` falls in (lengths capped at ``max_tokens``), at the
-    class's temperature; shuffled. A class larger than its bucket's workload repeats prompts, and the
-    classes of one bucket share them; both tables get the same requests, so their ratio is unaffected."""
-    import random
-
-    from tuning.workload import build_requests
-
-    pools = {b.name: build_requests(b.workload_at(b.primary_concurrency), tokenizer) for b in buckets}
-    reqs: list[tuple[str, int, float]] = []
-    for i, (c, share) in enumerate(mix.normalised()):
-        bucket = next((b for b in buckets if c.max_tokens <= b.max_output_len), buckets[-1])
-        pool = pools[bucket.name]
-        for k in range(max(1, round(share * total))):
-            r = pool[(k + i) % len(pool)]
-            reqs.append((r.prompt, min(r.output_len, c.max_tokens), mix.temperature_of(c)))
-    random.Random(seed).shuffle(reqs)
-    return reqs
-
-
 def mixed(tag: str, reqs: list[tuple[str, int, float]], concurrency: int) -> dict[str, Any]:
     import asyncio
 
@@ -203,33 +109,13 @@ def mixed(tag: str, reqs: list[tuple[str, int, float]], concurrency: int) -> dic
     return asyncio.run(e2e._closed_loop(base, model, reqs, concurrency))
 
 
-def routes(table: routing.RoutingTable, in_flight: Sequence[int]) -> dict[str, str]:
-    """Where ``table`` sends a request of each bucket x sampling band at each of ``in_flight`` requests in
-    flight per replica (cells, else the bucket's config): what two tables must agree on to make the same
-    choices (the set of configs can match while the routing differs). Load variants are not read (these
-    sweeps write none)."""
-    return {f"{b.name} {band.name}@{n}": (b.cell_for(band.name, n) or b).engine_config().label()
-            for b in table.buckets for band in table.sampling_bands for n in in_flight}
-
-
-def route_differences(a: Mapping[str, str], b: Mapping[str, str]) -> list[str]:
-    """The routes of two tables that differ, as ``"<route>: <a's config> vs <b's>"``."""
-    return [f"{k}: {a.get(k)} vs {b.get(k)}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-
-
-def choices(table: routing.RoutingTable) -> dict[str, Any]:
-    return {b.name: {"config": b.engine_config().label(), "figures": b.figures.model_dump(mode="json"),
-                     "cells": [f"{c.sampling}@{c.min_in_flight}: {c.engine_config().label()}" for c in b.cells]}
-            for b in table.buckets} | {"notes": list(table.provenance.notes)}
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ckpt", default="/root/ckpt")
     p.add_argument("--out", required=True)
     p.add_argument("--work", default="/root/repro")
     p.add_argument("--sim", action="store_true", help="the same flow on simulated engines (no GPU)")
-    p.add_argument("--sim-noise", type=_noise, default=None, metavar="START_SD,SD",
+    p.add_argument("--sim-noise", type=parse_sim_noise, default=None, metavar="START_SD,SD",
                    help="with --sim: simulated engines that vary as GPU engines do, by a log sd per engine start "
                    "and one per 5 simulated seconds (e.g. 0.05,0.1), so that the decide phase and the hard limit "
                    "run as on the GPU")
@@ -325,24 +211,12 @@ def main(argv: list[str] | None = None) -> int:
         for tag in SEEDS:  # a sweep of an earlier call, its table in --work: kept only when asked to (--reuse)
             if tag not in run_now and a.reuse and paths[tag].exists():
                 result[f"sweep_{tag}"] = {"run_dir": str(paths[tag].parent), "reused": True}
-        missing = [tag for tag in SEEDS if not paths[tag].exists() or (tag not in run_now and not a.reuse)]
-        if missing and any(t in run_now for t in missing):
-            return end("error", f"sweep {', '.join(t for t in missing if t in run_now)} committed no table", 1)
-        if missing and not run_now:
-            return end("error", f"--sweeps none serves two committed tables: no table of sweep {', '.join(missing)} "
-                       f"in {work}", 1)
-        if missing:  # the other sweep is for a later call: this one's table is in --work (and its run in --out)
-            return end("next", f"sweep {', '.join(missing)} has no table here yet: in a later call (a later lease, "
-                       f"the same checkpoint) run {Path(__file__).name} {' '.join(_later_call(again, missing))} "
-                       f"--reuse --work <a copy of {work}>, which then serves both tables side by side", 0)
-        if (differ := spec_differences(*(json.loads((work / f"sweep-{t}" / "sweep.json").read_text()) for t in SEEDS))):
-            return end("error", f"the two sweeps measured different spaces ({'; '.join(differ)}): their tables do "
-                       "not compare", 1)
-        if a.no_side_by_side:
-            later = [x for x in _later_call(again, ["none"]) if x != "--no-side-by-side"]
-            return end("next", f"both tables are in {work}: in a later call (a later lease, the same checkpoint) run "
-                       f"{Path(__file__).name} {' '.join(later)} --reuse --work <a copy of {work}> to serve them side "
-                       "by side", 0)
+        stop = stop_after_sweeps(run_now, reuse=a.reuse, no_side_by_side=a.no_side_by_side,
+                                 present={tag: path.exists() for tag, path in paths.items()},
+                                 read_spec=lambda tag: json.loads((work / f"sweep-{tag}" / "sweep.json").read_text()),
+                                 again=again, work=work, script=Path(__file__).name)
+        if stop is not None:
+            return end(stop.key, stop.text, stop.rc)
         tables = {tag: routing.load(p) for tag, p in paths.items()}
         result["choices"] = {tag: choices(t) for tag, t in tables.items()}
         result["same_configs"] = set(tables["a"].distinct_configs()) == set(tables["b"].distinct_configs())

@@ -1,5 +1,5 @@
 """Decide a sweep's routing table again from its measured results, with this build's rules (the choice
-is a pure function of the results: :func:`tuning.sweep.choose.choose_table`). For a sweep whose run dir
+is a pure function of the results: :func:`tuning.choose.table.choose_table`). For a sweep whose run dir
 did not come back whole from a GPU lease: the results file, the committed table (for its provenance)
 and the sweep's own arguments are enough; nothing is measured.
 
@@ -16,8 +16,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,8 +11,8 @@ commits where MTP wins greedy traffic and loses sampled traffic (the shape measu
 MTP vs MTP off): short outputs to TurboMind; long greedy outputs to PyTorch MTP-2; long sampled outputs
 to TurboMind (a cell).
 
-    python benchmarks/gpu/serve_engines.py --ckpt /root/ckpt --out $OUT            # on the GPU machine
-    python benchmarks/gpu/serve_engines.py --sim --out /tmp/se                     # the same flow, simulated
+    python -m benchmarks.gpu.serve_engines --ckpt /root/ckpt --out $OUT            # on the GPU machine
+    python -m benchmarks.gpu.serve_engines --sim --out /tmp/se                     # the same flow, simulated
 """
 from __future__ import annotations
 
@@ -26,15 +26,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import e2e  # noqa: E402  (the e2e run's Ray cluster, deploy and engine helpers)
-from e2e import APP, METRICS_PORT, log  # noqa: E402
-
-from orchestrator import table as routing  # noqa: E402
-from orchestrator.config import EngineConfig  # noqa: E402
-from orchestrator.fsutil import utc_now_iso  # noqa: E402
-from orchestrator.serve.metrics import DRAFTS, parse_prometheus_text  # noqa: E402
+from benchmarks.gpu import e2e  # the e2e run's Ray cluster, deploy and engine helpers
+from benchmarks.gpu.e2e import APP, METRICS_PORT, log
+from orchestrator import table as routing
+from orchestrator.config import EngineConfig
+from orchestrator.fsutil import utc_now_iso
+from orchestrator.serve.metrics import DRAFTS, parse_prometheus_text
 
 SIM_PROFILE = "qwen35-test-83m-1xh200"
 GRID = "benchmarks/results/gpu_engine_grid_h200_2026-12-01.md"
@@ -139,7 +136,7 @@ def ray_metrics(keys: dict[str, str]) -> dict[str, Any]:
     while time.monotonic() < deadline:
         try:
             text = httpx.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10).text
-        except Exception:  # noqa: BLE001 - the metrics agent may still be starting
+        except Exception:
             text = ""
         lines = [ln for ln in text.splitlines() if ln.startswith(tuple(want))]
         engines_seen = {k for k in keys.values() if any(f'engine="{k}"' in ln for ln in lines)}

@@ -2,7 +2,7 @@
 # Issue #41 item 2 on the lent GPU (benchmarks/gpu/measure_shared_gpu.py): the table's plan (MTP-4 for greedy,
 # MTP off for sampled, both engines on one GPU) against the best single config, TurboMind at its default memory
 # and MTP-4 alone, in alternating rounds. Detached, so polling calls stay short. Back to back (warm 30 s):
-#   carry [".stage/t1"]: NO_TRAIN=1 OUT=$OUT bash benchmarks/gpu/turbomind_device.sh t1     # LMDeploy + TurboMind
+#   carry [".stage/t1"]: NO_TRAIN=1 OUT=$OUT bash benchmarks/gpu/staging/turbomind_device.sh t1     # LMDeploy + TurboMind
 #   carry [".stage/t3"]: bash .stage/t3/install_part.sh                                      # z3, FA3, ... before part 2
 #   carry [".stage/t2"]: OUT=$OUT bash benchmarks/gpu/shared_gpu_device.sh start [DEADLINE_S] [MORE FLAGS...]
 #   then, at once, until it says done:  OUT=$OUT bash benchmarks/gpu/shared_gpu_device.sh collect
@@ -12,7 +12,7 @@
 set -u
 STEP=${1:?start or collect}
 OUT=${OUT:?set OUT}
-source benchmarks/gpu/device_env.sh
+source benchmarks/gpu/staging/device_env.sh
 W=/root/sg
 mkdir -p $W/out "$OUT"
 case $STEP in

@@ -619,7 +619,7 @@ def test_predict_drain_end_single_sequence():
 def test_early_stop_agrees_with_full_run(tmp_path_factory):
     """An early-stopped run reports the full run's throughput (drain predicted by the measured
     step-time model, within the default +-1%) within 3% in a fraction of the time -- at the sweep's
-    rule (+-2%) on a case of benchmarks/early_stop_agreement.py (MTP off, 4096 bucket, 384 prompts,
+    rule (+-2%) on a case of docs/analyses/early_stop_agreement/early_stop_agreement.py (MTP off, 4096 bucket, 384 prompts,
     concurrency 64, time scale 20: stopped at +0.18% there). Smaller workloads stop only sometimes:
     the +-2% interval then closes near the end of the queue, when the rule may no longer stop."""
     w = Workload(input_len=1024, output_len=4096, range_ratio=0.5, num_prompts=384, max_concurrency=64, seed=0)

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import onehost
-from benchmarks.onehost import live_processes
+from orchestrator import onehost
 from orchestrator import table as routing
 from orchestrator.config import EngineConfig
+from orchestrator.onehost import live_processes
 from tests.waiting import wait_for
 from tuning.buckets import make_buckets
 from tuning.results import behind_schedule_rows

@@ -11,8 +11,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from test_report import BUCKET_NAMES, make_sim_run_dir  # noqa: E402  (the synthetic run dir builder)
+# the synthetic run dir builder
+from tests.unit.test_report import BUCKET_NAMES, make_sim_run_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "sweep_analysis.ipynb"

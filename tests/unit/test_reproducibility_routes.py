@@ -1,21 +1,24 @@
-"""The reproducibility run's pure parts: what two tables must agree on (their routes, not their config
-sets) and the stated mix turned into requests at each class's temperature."""
+"""The reproducibility run's pure parts (:mod:`tuning.reproducibility`, what
+``benchmarks/gpu/measure_reproducibility.py`` runs on): what two tables must agree on (their routes, not their
+config sets), the stated mix turned into requests at each class's temperature, and the weights both sweeps
+must have measured, refused by the script before it spends a lease."""
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"))
+from orchestrator import table as routing
+from tuning import reproducibility as repro
+from tuning.buckets import Bucket
+from tuning.traffic import TrafficMix
+from tuning.workload import load_tokenizer
 
-import measure_reproducibility as repro  # noqa: E402
-
-from orchestrator import table as routing  # noqa: E402
-from tuning.buckets import Bucket  # noqa: E402
-from tuning.traffic import TrafficMix  # noqa: E402
-from tuning.workload import load_tokenizer  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 OFF = {"backend": "pytorch", "model": "m", "num_draft_tokens": 0, "memory_fraction": 0.8, "max_batch_size": 64}
 MTP4 = {**OFF, "speculative_algorithm": "qwen3_5_mtp", "num_draft_tokens": 4}
@@ -78,48 +81,44 @@ def test_mix_requests_follow_the_classes(buckets):
     assert [r[2] for r in reqs] != sorted(r[2] for r in reqs)  # shuffled, not class by class
 
 
-def test_tables_measured_on_other_weights_are_refused_before_a_sweep_runs(monkeypatch, tmp_path):
-    """Leases that share tables must measure one checkpoint: each sweep records its weights' sha256, and a
-    later call whose checkpoint differs stops before it spends a lease on the other sweep."""
-    import contextlib
-    import json
+def test_a_sweeps_weights_record_tells_other_weights_apart(tmp_path):
+    """Each sweep records its weights' sha256; a table is shown to be on this run's weights only by a record
+    equal to this run's (a built checkpoint is the same bytes every lease), never by a missing one."""
+    ckpt, work = tmp_path / "ckpt", tmp_path / "work"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(b"weights of lease 1")
+    now = repro.weights(str(ckpt), sim=False)
+    assert set(now["files"]) == {"model.safetensors"}
+    for tag in ("a", "b"):
+        (work / f"sweep-{tag}").mkdir(parents=True)
+        (work / f"sweep-{tag}" / repro.WEIGHTS_RECORD).write_text(json.dumps(now))
+    assert repro.weights_differences(now, work, ["a", "b"]) == []
+    assert repro.weights_differences({"simulated": True}, work, ["a"]) == [
+        f"sweep a measured model.safetensors {now['files']['model.safetensors'][:16]}, this run has simulated engines"]
+    (ckpt / "model.safetensors").write_bytes(b"weights trained again in lease 2")
+    (diff,) = repro.weights_differences(repro.weights(str(ckpt), sim=False), work, ["b"])
+    assert diff.startswith("sweep b measured model.safetensors ") and diff.count("model.safetensors") == 2
+    (work / "sweep-b" / repro.WEIGHTS_RECORD).unlink()  # from before the record, or copied without it
+    assert repro.weights_differences(now, work, ["b"]) == ["sweep b has no weights.json (its weights are unknown)"]
+    with pytest.raises(SystemExit, match="no \\*.safetensors"):
+        repro.weights(str(tmp_path), sim=False)
 
+
+def test_tables_measured_on_other_weights_are_refused_before_a_sweep_runs(tmp_path):
+    """Leases that share tables must measure one checkpoint: a later call whose checkpoint differs from the
+    earlier sweep's record stops before it spends a lease on the other sweep (the script as a user runs it;
+    it stops before Ray starts)."""
     ckpt, work, out = tmp_path / "ckpt", tmp_path / "work", tmp_path / "out"
     ckpt.mkdir()
     (ckpt / "model.safetensors").write_bytes(b"weights of lease 1")
-    ran: list[str] = []
-
-    def run(cmd, **_kw):  # the sweep: its table in its run dir, which holds the weights record already
-        run_dir = Path(cmd[cmd.index("--run-dir") + 1])
-        assert (run_dir / repro.WEIGHTS_RECORD).exists()
-        (run_dir / "routing_table.json").write_text("{}")
-        (run_dir / "sweep.json").write_text(json.dumps({"seed": 0}))
-        ran.append(run_dir.name)
-        return type("Done", (), {"returncode": 0})()
-
-    monkeypatch.setattr(repro.e2e, "run", run)
-    monkeypatch.setattr(repro.e2e, "pack", lambda *a, **k: None)
-    monkeypatch.setattr(repro.e2e, "sweep_cmd", lambda a, run_dir, **k: ["sweep", "--run-dir", str(run_dir), "--seed", "0"])
-    monkeypatch.setattr(repro.e2e, "ray_cluster", lambda *a, **k: contextlib.nullcontext())
-    base = ["--ckpt", str(ckpt), "--out", str(out), "--work", str(work)]
-    assert repro.main([*base, "--sweeps", "a"]) == 0
-    record = json.loads((work / "sweep-a" / repro.WEIGHTS_RECORD).read_text())
-    assert record == repro.weights(str(ckpt), sim=False) and set(record["files"]) == {"model.safetensors"}
+    (work / "sweep-a").mkdir(parents=True)
+    (work / "sweep-a" / "routing_table.json").write_text("{}")
+    (work / "sweep-a" / repro.WEIGHTS_RECORD).write_text(json.dumps(repro.weights(str(ckpt), sim=False)))
     (ckpt / "model.safetensors").write_bytes(b"weights trained again in lease 2")
-    assert repro.main([*base, "--sweeps", "b", "--reuse"]) == 1
+    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu.measure_reproducibility", "--ckpt", str(ckpt),
+                           "--out", str(out), "--work", str(work), "--sweeps", "b", "--reuse"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
     said = json.loads((out / "reproducibility.json").read_text())
-    assert ran == ["sweep-a"] and "sweep a measured model.safetensors " in said["error"]
-    assert "tuning.checkpoint.build" in said["error"]
-    # the same weights again (a built checkpoint is the same bytes every lease): sweep b runs
-    (ckpt / "model.safetensors").write_bytes(b"weights of lease 1")
-    assert repro.main([*base, "--sweeps", "b", "--reuse", "--no-side-by-side"]) == 0
-    assert ran == ["sweep-a", "sweep-b"] and "error" not in json.loads((out / "reproducibility.json").read_text())
-    assert repro.weights_differences(repro.weights(str(ckpt), sim=False), work, ["a", "b"]) == []
-    assert repro.weights_differences({"simulated": True}, work, ["a"]) != []
-    # a table without the record (from before it, or copied without it) is not shown to be on these weights
-    (work / "sweep-b" / repro.WEIGHTS_RECORD).unlink()
-    assert repro.main([*base, "--sweeps", "none", "--reuse"]) == 1
-    said = json.loads((out / "reproducibility.json").read_text())
-    assert "sweep b has no weights.json" in said["error"] and ran == ["sweep-a", "sweep-b"]
-    with pytest.raises(SystemExit, match="no \\*.safetensors"):
-        repro.weights(str(tmp_path), sim=False)
+    assert "sweep a measured model.safetensors " in said["error"] and "tuning.checkpoint.build" in said["error"]
+    assert not (work / "sweep-b").exists()  # sweep b never started

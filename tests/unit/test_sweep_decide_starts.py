@@ -112,103 +112,78 @@ def test_the_flag_is_explained_in_the_help():
     assert "--decide-starts K" in text and "fresh engines per config" in text
 
 
-def test_the_reproducibility_script_passes_the_flag_to_its_sweeps(monkeypatch, tmp_path):
-    import sys
-    from pathlib import Path
+def test_the_reproducibility_script_passes_the_flag_to_its_sweeps(tmp_path):
+    """What ``benchmarks/gpu/measure_reproducibility.py`` adds to each sweep's command
+    (:func:`tuning.reproducibility.sweep_flags`)."""
+    from tuning import reproducibility as repro
 
-    root = Path(__file__).resolve().parents[2]
-    monkeypatch.syspath_prepend(str(root / "benchmarks" / "gpu"))
-    import measure_reproducibility as repro
-
-    seen: dict[str, list[str]] = {}
-
-    def run(cmd, **_kw):
-        seen["cmd"] = list(cmd)
-        return type("Done", (), {"returncode": 0})()
-
-    monkeypatch.setattr(repro.e2e, "run", run)
-    monkeypatch.setattr(repro.e2e, "pack", lambda *a, **k: None)
-    monkeypatch.setattr(repro.e2e, "sweep_cmd", lambda *a, **k: [sys.executable, "-m", "tuning.sweep", "--seed", "0"])
     args = type("A", (), {"work": str(tmp_path), "reuse": False, "num_trials": 2, "time_budget_s": 10,
                           "temperatures": "0,0.8", "traffic_mix": "mix.yaml", "decide_rounds": 4,
                           "decide_starts": 2, "burn_in_s": None, "sim": True, "sweep_timeout_s": 5,
                           "baseline_memory_fraction": None, "sim_noise": None,
                           "out": str(tmp_path)})()
-    repro.sweep("a", args, {"simulated": True})
-    cmd = seen["cmd"]
+    cmd = repro.sweep_flags(args, repro.noise_space(args))
     assert cmd[cmd.index("--decide-rounds") + 1] == "4" and cmd[cmd.index("--decide-starts") + 1] == "2"
     assert "--baseline-memory-fraction" not in cmd
     assert cmd[cmd.index("--stop-after-s") + 1] == "10"  # never before the time budget
     args.baseline_memory_fraction = 0.06
     args.sweep_timeout_s = 1260
-    repro.sweep("a", args, {"simulated": True})
-    cmd = seen["cmd"]
+    cmd = repro.sweep_flags(args, repro.noise_space(args))
     assert cmd[cmd.index("--baseline-memory-fraction") + 1] == "0.06"
     # the sweep's own hard limit leaves it the margin to commit a table before the timeout kills it
     assert cmd[cmd.index("--stop-after-s") + 1] == f"{1260 - repro.STOP_MARGIN_S:g}"
-    assert "--space" not in cmd
+    assert "--space" not in cmd and repro.noise_space(args) is None
     args.sim_noise = (0.05, 0.1)  # simulated engines that vary: the flags reach every engine of the space
-    repro.sweep("a", args, {"simulated": True})
-    cmd = seen["cmd"]
-    flags = json.loads(Path(cmd[cmd.index("--space") + 1]).read_text())["extra_flags"]
+    flags = repro.noise_space(args)["extra_flags"]
     assert flags[-4:] == ["--noise-start-sd", "0.05", "--noise-sd", "0.1"] and "--startup-delay" in flags
+    cmd = repro.sweep_flags(args, tmp_path / "space-a.json")
+    assert cmd[cmd.index("--space") + 1] == str(tmp_path / "space-a.json")
     with pytest.raises(argparse.ArgumentTypeError):
-        repro._noise("0.05")
+        repro.parse_sim_noise("0.05")
 
 
-def test_the_reproducibility_script_can_run_one_sweep_now_and_the_other_later(monkeypatch, tmp_path):
+def test_the_reproducibility_script_can_run_one_sweep_now_and_the_other_later(tmp_path):
     """A sweep whose decide phase fills a lease runs alone (``--sweeps a``); the script then says how the
-    other one follows, and serves nothing yet. An unknown sweep name is refused before anything starts."""
-    import contextlib
+    other one follows, and serves nothing yet (:func:`tuning.reproducibility.stop_after_sweeps`). An unknown
+    sweep name, or a serve-only call that cannot serve, is refused before anything starts."""
+    import subprocess
+    import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
-    monkeypatch.syspath_prepend(str(root / "benchmarks" / "gpu"))
-    import measure_reproducibility as repro
+    from tuning import reproducibility as repro
 
-    ran: list[str] = []
+    work = tmp_path / "work"
+    specs = {"a": {"seed": 0, "buckets": "256,1024"}, "b": {"seed": 1, "buckets": "256,1024"}}
 
-    def sweep(tag, a, record):
-        ran.append(tag)
-        table = Path(a.work) / f"sweep-{tag}" / "routing_table.json"
-        table.parent.mkdir(parents=True, exist_ok=True)
-        table.write_text("{}")
-        (table.parent / "sweep.json").write_text(json.dumps({"seed": repro.SEEDS[tag], "buckets": a.buckets}))
-        (table.parent / repro.WEIGHTS_RECORD).write_text(json.dumps(record))
-        return {"rc": 0, "wall_s": 1.0}
+    def stop(run_now, argv, present, **kw):
+        return repro.stop_after_sweeps(run_now, reuse="--reuse" in argv, present=present,
+                                       no_side_by_side="--no-side-by-side" in argv, read_spec=specs.__getitem__,
+                                       again=argv, work=work, script="measure_reproducibility.py", **kw)
 
-    monkeypatch.setattr(repro, "sweep", sweep)
-    monkeypatch.setattr(repro.e2e, "ray_cluster", lambda *a, **k: contextlib.nullcontext())
-    out, work = tmp_path / "out", tmp_path / "work"
-    assert repro.main(["--sim", "--out", str(out), "--work", str(work), "--sweeps", "a"]) == 0
-    assert ran == ["a"]
-    said = json.loads((out / "reproducibility.json").read_text())
-    assert "--sim --out " in said["next"] and "--sweeps b --reuse --work <a copy of" in said["next"]
-    assert "route_differences" not in said and "sweep_b" not in said
-    with pytest.raises(SystemExit):
-        repro.main(["--sim", "--out", str(out), "--work", str(work), "--sweeps", "c"])
-    assert ran == ["a"]
+    said = stop(["a"], ["--sim", "--out", "o", "--sweeps", "a"], {"a": True, "b": False})
+    assert (said.key, said.rc) == ("next", 0)
+    assert "--sim --out o --sweeps b --reuse --work <a copy of" in said.text
     # the later call: without --reuse sweep a's table is not taken; with it, a space that differs is refused
-    assert repro.main(["--sim", "--out", str(out), "--work", str(work), "--sweeps", "b"]) == 0
-    assert "sweep a has no table here yet" in json.loads((out / "reproducibility.json").read_text())["next"]
-    assert repro.main(["--sim", "--out", str(out), "--work", str(work), "--sweeps", "b", "--reuse",
-                       "--buckets", "1024"]) == 1
-    said = json.loads((out / "reproducibility.json").read_text())
-    assert said["sweep_a"]["reused"] and "different spaces (buckets: '256,1024' vs '1024')" in said["error"]
-    assert ran == ["a", "b", "b"]
+    said = stop(["b"], ["--sim", "--sweeps", "b"], {"a": True, "b": True})
+    assert said.key == "next" and "sweep a has no table here yet" in said.text
+    specs["b"] = {"seed": 1, "buckets": "1024"}
+    said = stop(["b"], ["--sim", "--sweeps", "b", "--reuse"], {"a": True, "b": True})
+    assert (said.key, said.rc) == ("error", 1) and "different spaces (buckets: '256,1024' vs '1024')" in said.text
+    specs["b"] = {"seed": 1, "buckets": "256,1024"}  # seeds differ by design
+    assert stop(["b"], ["--sim", "--sweeps", "b", "--reuse"], {"a": True, "b": True}) is None  # serve both
     # where the side by side does not fit the lease beside sweep b: it stops there and says how to serve them
-    assert repro.main(["--sim", "--out", str(out), "--work", str(work), "--sweeps", "b", "--reuse",
-                       "--no-side-by-side"]) == 0
-    said = json.loads((out / "reproducibility.json").read_text())
-    assert "route_differences" not in said
-    assert "both tables are in" in said["next"] and "--sweeps none --reuse --work <a copy of" in said["next"]
-    assert "--no-side-by-side" not in said["next"]
-    for bad in (["--sweeps", "none"], ["--sweeps", "none", "--reuse", "--no-side-by-side"]):
-        with pytest.raises(SystemExit):
-            repro.main(["--sim", "--out", str(out), "--work", str(work), *bad])
-    assert ran == ["a", "b", "b", "b"]
-    # a serve-only call without both tables is an error, not a hint to run a sweep
-    (work / "sweep-b" / "routing_table.json").unlink()
-    assert repro.main(["--sim", "--out", str(out), "--work", str(work), "--sweeps", "none", "--reuse"]) == 1
-    assert "no table of sweep b" in json.loads((out / "reproducibility.json").read_text())["error"]
-    assert ran == ["a", "b", "b", "b"]
+    said = stop(["b"], ["--sim", "--sweeps", "b", "--reuse", "--no-side-by-side"], {"a": True, "b": True})
+    assert said.key == "next" and "both tables are in" in said.text
+    assert "--sweeps none --reuse --work <a copy of" in said.text and "--no-side-by-side" not in said.text
+    # a sweep of this call that committed no table, and a serve-only call without both tables, are errors
+    said = stop(["b"], ["--sweeps", "b", "--reuse"], {"a": True, "b": False})
+    assert (said.key, said.rc) == ("error", 1) and "sweep b committed no table" in said.text
+    said = stop([], ["--sweeps", "none", "--reuse"], {"a": True, "b": False})
+    assert said.key == "error" and "no table of sweep b" in said.text
+    root = Path(__file__).resolve().parents[2]
+    for bad in (["--sweeps", "c"], ["--sweeps", "none"], ["--sweeps", "none", "--reuse", "--no-side-by-side"]):
+        done = subprocess.run([sys.executable, "-m", "benchmarks.gpu.measure_reproducibility", "--sim", "--out",
+                               str(tmp_path / "out"), "--work", str(work), *bad],
+                              cwd=root, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and "--sweeps" in done.stderr, done.stderr  # argparse's error exit
+    assert not work.exists()  # refused before anything started

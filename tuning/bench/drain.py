@@ -16,7 +16,7 @@ The prediction is made at ``z`` standard errors of the model's step times either
 per-sequence rate and the whole steady throughput) and too wide to stop unless the drain is a tiny
 share of the run. The early-stopped figure is thus the full run's within the statistical tolerance
 plus the drain tolerance, plus the step-time model's form error (measured in
-``benchmarks/results/early_stop_agreement.md``).
+``docs/analyses/early_stop_agreement/early_stop_agreement.md``).
 
 Everything here is pure except :class:`_StreamStats`, which accumulates the model's inputs online.
 """

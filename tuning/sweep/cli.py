@@ -9,7 +9,7 @@ Objective (``--objective``). The default is ``scalar``: the mean over buckets of
 throughput)``, which ranks trials exactly like the mean of ``log(throughput / MTP-off baseline)`` (the
 baseline is a per-bucket constant), so it needs no baseline at trial time. The routing table takes
 each bucket's best from *all* measured trials whichever objective guided the search; the objective
-only decides where TPE looks next. ``benchmarks/optuna_vs_grid.py`` compares both on the simulator:
+only decides where TPE looks next. ``docs/analyses/optuna_vs_grid/optuna_vs_grid.py`` compares both on the simulator:
 multi-objective TPE spreads its trials along a Pareto front of four highly correlated objectives,
 while the scalar concentrates TPE on the draft axis that separates the buckets, and reaches every
 bucket's best in fewer configs. So ``scalar`` is the default; ``multi`` is available.
@@ -107,7 +107,7 @@ def parser() -> argparse.ArgumentParser:
                         "(default 0: none; two rounds per config can miss a gap of 15-20 %%, so two sweeps may "
                         "route such a cell differently; 16 over 8 starts brought two simulated sweeps of an H200 "
                         "space within 3 %% on the mix in 95 %% of pairs, on one start below 50 %% however many "
-                        "rounds: benchmarks/results/repro_power_2026-12-05.md)")
+                        "rounds: docs/analyses/repro_power/repro_power_2026-12-05.md)")
     w.add_argument("--decide-starts", type=int, metavar="K",
                    help="split --decide-rounds over K fresh engines per config, started in alternation, so the "
                         "comparison holds the variation between engine starts (default 1; R must be a multiple of K)")

@@ -226,7 +226,7 @@ def short_measurement_warnings(spec: SweepSpec) -> list[str]:
         return []
     return [f"{b.name}: {b.workload.num_prompts} prompts at concurrency {b.primary_concurrency} is "
             f"{b.waves:.3g} wave(s); fewer than {MIN_MEASURED_WAVES} is not a steady-state measurement (on an H200 "
-            "one wave read 0.77-1.19x the four-wave figure, CV 12-17 %: benchmarks/results/gpu_noise_h200_2026-11-30.md)"
+            "one wave read 0.77-1.19x the four-wave figure, CV 12-17 %: docs/analyses/gpu_noise/gpu_noise_h200_2026-11-30.md)"
             for b in spec.buckets if b.waves < MIN_MEASURED_WAVES]
 
 
