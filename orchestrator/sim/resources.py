@@ -12,5 +12,6 @@ ENGINE_CPUS = 0.25
 
 At the default sweep's load (concurrency 64, time scale 20) the loaded engine used 0.31 CPU and each
 idle one 0.02, while the whole app (router, proxy, engines) used 1.35 CPU: the router's 1 CPU plus
-0.25 per engine reserves 2.0 for the default sweep's at most four engines, room for that load with a
-third to spare, and fits the 2-core machine that ran the sweep."""
+0.25 per engine reserves 2.0 for the default sweep's at most four engines, half again that load (the
+loaded engine alone is above its share: the margin is in the sum), and fits the 2-core machine that
+ran the sweep."""
