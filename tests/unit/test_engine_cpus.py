@@ -62,3 +62,18 @@ def test_the_built_app_reserves_what_the_check_counted(tmp_path, write_table):
     reserved = {k: v._bound_deployment.ray_actor_options["num_cpus"]
                 for k, v in app._bound_deployment.init_args[1].items()}  # the router's bound engines
     assert reserved == {_sim(1).key(): ENGINE_CPUS, _lmdeploy(2).key(): 1.0}
+
+
+def test_an_update_counts_each_running_and_new_engine_at_its_own_reservation(tmp_path, write_table):
+    """Old and new engines run side by side until the router switches: the peak is the router, the
+    running engines and the new ones, each at its backend's CPUs."""
+    from orchestrator.serve.app import RunningEngine, check_resources
+
+    args, table = _app(write_table(tmp_path / "new.json", [_sim(3), _sim(4)]))
+    running = {c.key(): RunningEngine(c) for c in (_sim(1), _sim(2))}
+    check_resources(args, table, {"CPU": 2}, running=running)  # 1 + 4 x 0.25
+    three = {**running, _sim(5).key(): RunningEngine(_sim(5))}
+    with pytest.raises(ConfigError, match=r"2\.25 CPUs at that peak"):  # 1 + 5 x 0.25
+        check_resources(args, table, {"CPU": 2}, running=three)
+    with pytest.raises(ConfigError, match=r"2\.5 CPUs at that peak"):  # one running engine at 3 replicas
+        check_resources(args, table, {"CPU": 2}, running={**running, _sim(1).key(): RunningEngine(_sim(1), replicas=3)})
