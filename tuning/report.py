@@ -721,8 +721,29 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+REPORT_EXTRA = "report"
+"""The pyproject extra that installs what the report draws with (matplotlib), the notebook runner and
+``optuna-dashboard`` (the sweep's "open study" command); the base install leaves them out."""
+
+
+def missing_extra_hint() -> str | None:
+    """What to install when matplotlib is missing (``None`` when it imports): the base install has no
+    plotting library, and a raw ``ModuleNotFoundError`` says nothing of the extra that brings it."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return (f"the report draws its figures with matplotlib, which is not installed; install the "
+                f"{REPORT_EXTRA!r} extra (matplotlib, the notebook runner, optuna-dashboard): "
+                f"python3 -m pip install -e '.[{REPORT_EXTRA}]' in a clone of this repository, or "
+                f"python3 -m pip install 'mtp-autotune[{REPORT_EXTRA}]'")
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if (hint := missing_extra_hint()) is not None:
+        print(f"error: {hint}", file=sys.stderr)
+        return 2
     try:
         run = load_run(args.run_dir)
     except ReportError as e:

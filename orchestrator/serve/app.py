@@ -37,6 +37,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.raycompat import with_deployment_version
 from orchestrator.serve.protocol import DEFAULT_MAX_BODY_BYTES
 from orchestrator.serve.router import DEFAULT_BODY_TIMEOUT_S, RouterSpec, hash_api_key
+from orchestrator.sim.resources import ENGINE_CPUS as SIM_ENGINE_CPUS
 from orchestrator.table import RoutingTable, RoutingTableError, load
 
 __all__ = [
@@ -53,8 +54,8 @@ __all__ = [
     "check_shared_gpu",
     "engine_gpu_request",
     "gpu_requests",
-    "resources_needed",
     "load_table",
+    "resources_needed",
     "router_spec",
     "simulated_shared_gpu",
 ]
@@ -132,7 +133,11 @@ class EngineOptions(_Args):
     health_timeout_s: float = Field(default=5.0, gt=0, description="timeout of one engine /health probe")
     metrics_poll_s: float = Field(default=5.0, gt=0)
     accept_length_low_threshold: float = Field(default=1.5, ge=1.0)
-    num_cpus: float = Field(default=1.0, ge=0)
+    num_cpus: float | None = Field(
+        default=None, ge=0,
+        description="CPUs each engine replica reserves; default: 1 for LMDeploy engines, a measured fraction for "
+                    "simulated ones (orchestrator.sim.resources.ENGINE_CPUS)",
+    )
     max_surge_percent: int = Field(
         default=0, ge=0, le=100,
         description="extra replicas while a code change restarts an engine deployment (needs spare GPUs)",
@@ -143,6 +148,13 @@ class EngineOptions(_Args):
         description="tp=1 engines reserve memory_fraction + headroom of a GPU instead of a whole one, so several "
                     "fit on one GPU (small models only; EngineConfig.gpu_request)",
     )
+
+    def cpus_for(self, config: EngineConfig) -> float:
+        """The CPUs one replica of ``config`` reserves: ``num_cpus`` when given, else by backend (a
+        simulated engine uses a fraction of a core, an LMDeploy host process keeps one busy)."""
+        if self.num_cpus is not None:
+            return self.num_cpus
+        return SIM_ENGINE_CPUS if config.backend is Backend.SIM else 1.0
 
     @model_validator(mode="after")
     def _probe_fits(self) -> EngineOptions:
@@ -334,7 +346,8 @@ def resources_needed(args: AppArgs, table: RoutingTable) -> dict[str, float]:
     """GPUs and CPUs the app reserves with every deployment at its minimum replica count, summed
     (what fits GPUs is :func:`check_resources`'s question)."""
     cpus = args.router.num_cpus * args.router.num_replicas + sum(
-        args.engine.num_cpus * _min_replicas(scaling_for(args, table, key)) for key in table.distinct_configs())
+        args.engine.cpus_for(cfg) * _min_replicas(scaling_for(args, table, key))
+        for key, cfg in table.distinct_configs().items())
     return {"GPU": round(sum(gpu_requests(args, table)), 4), "CPU": round(cpus, 4)}
 
 
@@ -394,7 +407,10 @@ def check_resources(args: AppArgs, table: RoutingTable, cluster: Mapping[str, fl
             f"{have_gpus:g}: add GPUs for the update, or delete the running app first (serve.delete / "
             "`serve shutdown`) and accept the downtime"
         )
-    peak_cpus = args.router.num_cpus * args.router.num_replicas + args.engine.num_cpus * (len(now) + len(new))
+    configs = table.distinct_configs()
+    peak_cpus = (args.router.num_cpus * args.router.num_replicas
+                 + sum(args.engine.cpus_for(r.config) * max(1, r.replicas) for r in running.values())
+                 + sum(args.engine.cpus_for(configs[k]) * _min_replicas(scaling_for(args, table, k)) for k in added))
     if peak_cpus > have_cpus + 1e-9:
         raise ConfigError(
             f"updating runs old and new engines side by side until the router switches: {peak_cpus:g} CPUs at "
@@ -474,7 +490,7 @@ def build_app(
         scaling = scaling_for(args, table, key)
         deployment = serve.deployment(EngineReplica).options(
             name=key,
-            ray_actor_options={"num_gpus": engine_gpu_request(args, table, key, cfg), "num_cpus": opts.num_cpus},
+            ray_actor_options={"num_gpus": engine_gpu_request(args, table, key, cfg), "num_cpus": opts.cpus_for(cfg)},
             health_check_period_s=opts.health_check_period_s,
             health_check_timeout_s=opts.health_check_timeout_s,
             graceful_shutdown_timeout_s=opts.graceful_shutdown_timeout_s,

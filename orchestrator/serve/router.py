@@ -173,6 +173,16 @@ class _RelayResponse(StreamingResponse):
                 raise
             logger.debug("request receive channel cancelled by Serve (stream done or client gone): %r", e)
 
+    async def stream_response(self, send: Any) -> None:
+        """Close the relay as soon as the response stops, however it stops. A client that resets while
+        ``send`` waits on a full socket cancels ``send``, not the relay, which would otherwise stay
+        suspended at its ``yield`` until garbage collection: the engine stream kept running and the
+        request counted late, as delivered."""
+        try:
+            await super().stream_response(send)
+        finally:
+            await self.body_iterator.aclose()
+
 
 class Router:
     """Serve ingress class (wrapped by ``serve.ingress(api)`` and ``serve.deployment`` in
@@ -431,6 +441,10 @@ class Router:
         try:
             async for chunk in gen:
                 chunks.append(chunk)
+        except asyncio.CancelledError:  # the client left before the whole body was ready
+            gen.cancel()
+            self._metrics.requests.inc(tags={**tags, "status": "499"})
+            raise
         except Exception as e:
             self._metrics.errors.inc(tags={"kind": "engine_failed_mid_response"})
             self._metrics.requests.inc(tags={**tags, "status": "502"})
@@ -458,6 +472,7 @@ class Router:
         content_events = 0
         status = "200"
         finished = False
+        delivered = False  # the client has every event up to [DONE]: what happens after is no client's leaving
         try:
             async for chunk in _prepend(first, gen):
                 now = time.perf_counter()
@@ -475,6 +490,7 @@ class Router:
                     tokens = usage_tokens
                 if out:
                     yield out
+                    delivered = delivered or _ends_stream(out)
             if pending:
                 out, n_content, usage_tokens = _process_events(pending, inject_usage)
                 content_events += n_content
@@ -482,8 +498,10 @@ class Router:
                 if out:
                     yield out
             finished = True
-        except asyncio.CancelledError:
-            status = "499"  # client went away
+        except (asyncio.CancelledError, GeneratorExit):
+            # Cancelled while waiting on the engine, or closed at a yield: the client left, unless it
+            # already had the whole stream (it may close right after [DONE], before the engine's end).
+            status = "200" if delivered else "499"
             raise
         except Exception as e:
             status = "502"
@@ -628,6 +646,11 @@ async def _prepend(first: bytes, gen: Any) -> AsyncIterator[bytes]:
         yield first
     async for chunk in gen:
         yield chunk
+
+
+def _ends_stream(block: bytes) -> bool:
+    """Whether forwarded events end the OpenAI stream (its ``data: [DONE]`` event)."""
+    return block.rstrip().endswith(b"data: [DONE]")
 
 
 def _sse_data(event: bytes) -> bytes | None:

@@ -5,7 +5,8 @@ Never a GPU figure: every number it produces is simulated (responses carry ``x-s
 profiles as JSON), :mod:`.scheduler` (continuous batching; ``simulate_workload`` drives it on a virtual
 clock), :mod:`.server` (aiohttp front, drives the same scheduler on a scaled wall clock),
 :mod:`.tokenizer` (word-level tokenizer over the shipped corpus), :mod:`.textmodel` (the text a request
-gets: from its prompt, temperature and seed only). A profile describes LMDeploy's PyTorch engine and,
+gets: from its prompt, temperature and seed only), :mod:`.resources` (the CPU a simulated engine's Serve
+replica reserves, measured). A profile describes LMDeploy's PyTorch engine and,
 where it has a ``turbomind`` section, TurboMind too (``--backend turbomind``; no speculation).
 
 Limits: the wall-clock driver is exact while the event loop keeps up with each iteration's wall

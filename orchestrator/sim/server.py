@@ -495,7 +495,9 @@ def build_app(engine: SimEngine) -> web.Application:
             raise OpenAIError(str(exc), param="max_tokens") from None
         completion = req.completion
         rid = ("chatcmpl-" if chat else "cmpl-") + req.request_id
-        created = int(engine.sim_timestamp())
+        # OpenAI's ``created`` is when the response was made, in Unix seconds: the wall clock. The simulated
+        # clock runs time_scale times faster (20x: an hour ahead after three minutes); its times are in ``sim``.
+        created = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
         finished = False
         resp: web.StreamResponse | None = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import queue
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -245,5 +246,39 @@ def test_deploy_to_a_ray_start_cluster_with_token_auth(tmp_path: Path, write_sim
         curl, snippet = cli.first_request()
         assert "Authorization" not in curl and '"not-needed"' in snippet  # no keys: the placeholder
         _run_first_request(curl, snippet, env)  # the app outlived the command
+    finally:
+        cli.close()
+
+
+@pytest.mark.timeout(400)
+def test_the_deploy_line_a_sweep_prints_serves_its_first_request_on_this_machine(tmp_path: Path):
+    """A new user's path: ``python -m tuning.sweep``, then the deploy command it printed, then the first
+    request deploy printed. On the 2-core CI machine this is the check that simulated engines reserve
+    little enough CPU for the swept table to fit: its two engines and the router took 3 CPUs when each
+    engine reserved a whole one. The sweep is a small one (one bucket, the two baselines, greedy and
+    sampled): MTP-4 serves greedy requests (~1.3x MTP off at output 4096; at 1024 the margin was within
+    a busy host's noise) and MTP off the sampled cell (~2x MTP-4). Its deploy line is printed by the same
+    code as the default sweep's. The one change to the printed line is a free ``--http-port``
+    (8000 may be taken on a shared host)."""
+    env = _env()
+    sweep = subprocess.run([sys.executable, "-m", "tuning.sweep", "--num-trials", "2", "--buckets", "4096",
+                            "--temperatures", "0,1.0", "--num-prompts", "32", "--no-live", "--run-dir", str(tmp_path / "run")],
+                           check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert sweep.returncode == 0, (sweep.stdout[-3000:], sweep.stderr[-3000:])
+    (line,) = [ln for ln in sweep.stdout.splitlines() if ln.strip().startswith("deploy table:")]
+    printed = shlex.split(line.split("deploy table:", 1)[1])
+    assert printed[:3] == ["python", "-m", "orchestrator.deploy"], printed
+    from orchestrator.table import load
+
+    assert len(load(Path(printed[printed.index("--routing-table") + 1])).distinct_configs()) == 2, sweep.stdout[-2500:]
+    port = find_free_port()
+    cli = Cli([*printed[3:], "--http-port", str(port)], env, tmp_path / "cli.stderr")
+    try:
+        out = cli.read_until("serving until Ctrl-C")
+        assert any(ln.startswith("serving until Ctrl-C") for ln in out), (out, cli.log.read_text()[-3000:])
+        curl, snippet = cli.first_request()
+        _run_first_request(curl, snippet, env)
+        os.killpg(cli.proc.pid, signal.SIGINT)  # Ctrl-C stops the app and the cluster the command started
+        assert cli.proc.wait(timeout=120) == 0
     finally:
         cli.close()

@@ -142,6 +142,20 @@ def test_completions_and_chat_usage_streaming_and_not(mtp_sim: Sim) -> None:
     assert chat_tokens == 50
 
 
+def test_created_is_the_wall_clock_while_the_simulated_clock_runs_ahead(mtp_sim: Sim) -> None:
+    """``created`` is Unix time, as OpenAI's clients read it, not the simulated clock (50x faster here)."""
+    while json.loads(_get(mtp_sim.base + "/sim/info")[1])["simulated_timestamp"] < time.time() + 30:
+        time.sleep(0.1)  # the simulated clock is now half a minute ahead of the wall clock, and moving away
+    client = mtp_sim.client()
+    before = time.time()
+    r = client.completions.create(model=DEFAULT_PROFILE, prompt="x", max_tokens=8, extra_body={"ignore_eos": True})
+    chunks = list(client.chat.completions.create(model=DEFAULT_PROFILE, max_tokens=8, stream=True,
+                                                 messages=[{"role": "user", "content": "hi"}]))
+    after = time.time()
+    for created in (r.created, *(c.created for c in chunks)):
+        assert int(before) <= created <= after, (before, created, after)
+
+
 def test_metrics_parse_and_move(mtp_sim: Sim) -> None:
     before = _metrics(mtp_sim)
     for name in ("lmdeploy:spec_decode_num_drafts_total", "lmdeploy:spec_decode_num_draft_tokens_total",

@@ -47,7 +47,7 @@ def parser() -> argparse.ArgumentParser:
         description="Search LMDeploy MTP engine configs per output-length bucket (Ray Tune + Optuna TPE), "
                     "measure the MTP-off and static-recommendation baselines under the same workloads, and "
                     "commit a routing table. With no arguments: a SIMULATED sweep of the calibrated profile "
-                    f"{DEFAULT_PROFILE} on a local Ray (a few minutes on 2 CPU cores, no GPU).",
+                    f"{DEFAULT_PROFILE} on a local Ray (no GPU; its time on 2 cores: docs/results.md).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     g = p.add_argument_group("engine")
