@@ -68,10 +68,14 @@ def routes(arm: str) -> dict[float, str]:
 
 
 def engine_configs(a: argparse.Namespace, ckpt: str | None) -> dict[str, EngineConfig]:
+    """The three engines; simulated ones share one simulated GPU (``--shared-gpu``: time-sliced, as the plan's
+    engines are on the real one)."""
     common = dict(max_batch_size=max(a.loads), session_len=a.input_len + max(a.outputs) + 64)
     mtp = dict(speculative_algorithm="qwen3_5_mtp", num_draft_tokens=4)
     if a.sim:
-        sim = dict(backend="sim", model=SIM_PROFILE, extra_flags=("--startup-delay", "0"), **common)
+        gpu = Path(a.out) / "sim-gpu0"
+        sim = dict(backend="sim", model=SIM_PROFILE, extra_flags=("--startup-delay", "0", "--shared-gpu", str(gpu)),
+                   **common)
         return {"mtp4": EngineConfig(memory_fraction=a.memory_fraction, **mtp, **sim),
                 "off": EngineConfig(memory_fraction=a.memory_fraction, **sim),
                 "turbomind": EngineConfig(simulated_backend="turbomind", **(sim | {"model": SIM_TURBOMIND_PROFILE}))}
@@ -233,7 +237,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             continue
         state.setdefault("engines", {})[k] = {"label": cfg.label(), "argv": cfg.command(host="H", port=0)}
     procs = {k: EngineProcess(cfg, log_dir=out_dir / "engine-logs", ready_timeout_s=900,
-                              sim_time_scale=1.0 if a.sim else None) for k, cfg in cfgs.items() if k in a.arms}
+                              sim_time_scale=a.sim_time_scale if a.sim else None) for k, cfg in cfgs.items() if k in a.arms}
     try:
         # The PyTorch engines side by side, then TurboMind (its default 0.8 of the free memory must come last).
         for group in (("mtp4", "off"), ("turbomind",) if "turbomind" in a.arms else ()):
@@ -363,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sharpness", type=float, default=8.0)
     p.add_argument("--out", default="/tmp/shared_gpu")
     p.add_argument("--sim", action="store_true", help="simulated engines (flow rehearsal, labelled SIMULATED)")
+    p.add_argument("--sim-time-scale", type=float, default=1.0, help="simulated engines: wall seconds per simulated second")
     p.add_argument("--outputs", default="512,128")
     p.add_argument("--loads", default="64,16,256")
     p.add_argument("--bar-load", type=int, default=64, help="the load the bar is read at: measured first, with --rounds")

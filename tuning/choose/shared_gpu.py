@@ -5,18 +5,24 @@ Why: on a few GPUs, whole replicas collapse a table to one config (one replica o
 one GPU is not possible), yet greedy and sampled traffic want different configs at every load. Engines
 that share a GPU split its time: if the GPU's time goes where the work is, a mix whose part ``p`` has a
 share ``t_p`` of the output tokens and is served by a config making ``r_p`` tok/s on a GPU of its own
-runs at ``1 / sum_p(t_p / r_p)`` tok/s per GPU, i.e. ``1 / sum_k(w_k)`` with ``w_k`` the GPU-seconds per
+runs at ``1 / sum_p(t_p / r_p)`` tok/s per GPU (``r_p`` at the load the engine holds, below), i.e. ``1 / sum_k(w_k)`` with ``w_k`` the GPU-seconds per
 token of the mix config ``k`` serves, where whole replicas give ``1 / max_k(w_k / n_k)``.
 
-What it assumes, and does not know: each engine runs at its measured per-GPU rate for the share of time it
-gets (time-slicing costs nothing, and the smaller batch each engine then holds is as efficient as the
-whole GPU's): an upper bound that a served measurement must confirm. Memory must fit in full: each
+Engines on one GPU hold only their part of the requests in flight, and their time slices do not overlap:
+served on one H100 (``benchmarks/results/gpu_shared_gpu_h100_2026-12-06``), the plan's two engines took
+0.99x the time of their halves run one after the other, and each ran at its rate *at half the load*. So a
+config's rate on a part is read at the in-flight its engine holds there, ``level x`` its share of that
+level's tokens, interpolated log-log between the load levels the sweep measured for that bucket and band,
+and bounded from below outside them (:func:`rate_at`). Reading every engine at the full level instead (what the first version of this module
+did) predicted 1.2x where the GPU gave 0.81x: the batch an engine gives up is worth more than the
+speculation it gains, for a memory-bound decode whose batch is nearly free. Memory must fit in full: each
 engine's weights plus its KV cache, its memory fraction taken of the memory its own weights leave free
 (LMDeploy's ``--cache-max-entry-count`` when it starts alone; engines that start at the same moment each
 see the whole GPU free), added over the engines and held to one GPU.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
@@ -27,7 +33,7 @@ from tuning.choose.mix import mix_parts
 from tuning.choose.replicas import MAX_CONFIGS
 from tuning.stats import PooledNoise
 
-__all__ = ["EngineFootprint", "SharedGpuFitError", "SharedGpuPlan", "check_fits_one_gpu", "plan_shared_gpu"]
+__all__ = ["EngineFootprint", "SharedGpuFitError", "SharedGpuPlan", "check_fits_one_gpu", "plan_shared_gpu", "rate_at"]
 
 Part = tuple[str, str, int]
 """(bucket, sampling band, load level)."""
@@ -74,6 +80,24 @@ def check_fits_one_gpu(footprints: Mapping[str, EngineFootprint], labels: Mappin
             f"{len(footprints)} engines do not fit one GPU of {gpu:.0f} GB together: {each} = {need:.1f} GB, "
             f"{need - gpu:.1f} GB over. Lower their memory fractions (--memory-fraction), or serve them on "
             "whole GPUs (without --share-gpu)")
+
+
+def rate_at(points: Sequence[tuple[int | float, float]], in_flight: float) -> float | None:
+    """The rate at ``in_flight`` from ``(in flight, rate)`` points measured at several loads: the measured
+    one where it was measured, log-log between its neighbours inside their range, and outside it the
+    bound a batched decode cannot fall below: below the lowest load the rate in proportion to the load
+    (each sequence no slower than in the larger batch), above the highest the highest's rate (a larger
+    batch makes no less). Both bounds understate what an engine holding part of the load makes, so a plan
+    proposed on them pays at least as predicted. ``None`` without a point."""
+    pts = sorted((float(x), r) for x, r in points if x > 0 and r > 0)
+    if not pts or in_flight <= 0:
+        return None
+    if in_flight <= pts[0][0]:
+        return pts[0][1] * in_flight / pts[0][0]
+    for (x0, r0), (x1, r1) in zip(pts, pts[1:]):
+        if x0 < in_flight <= x1:
+            return math.exp(math.log(r0) + math.log(in_flight / x0) / math.log(x1 / x0) * math.log(r1 / r0))
+    return pts[-1][1]
 
 
 @dataclass(frozen=True)
@@ -133,10 +157,23 @@ def plan_shared_gpu(measurements: Sequence[CellMeasurement], token_shares: Mappi
             routes[p] = max(here, key=lambda k: (rate[(k, p)], k))
         return routes
 
+    curves: dict[tuple[str, str, str], list[tuple[int, float]]] = {}
+    for (k, (bucket, band, load)), r in rate.items():
+        curves.setdefault((k, bucket, band), []).append((load, r))
+    level_share: dict[int, float] = {}
+    for (_, _, load), t in shares.items():
+        level_share[load] = level_share.get(load, 0.0) + t
+
     def work_of(routes: Mapping[Part, str]) -> dict[str, float]:
+        """GPU-seconds per token of the mix per engine, each part at the load its engine holds there."""
+        held: dict[tuple[str, int], float] = {}
+        for (bucket, band, load), k in routes.items():
+            held[(k, load)] = held.get((k, load), 0.0) + shares[(bucket, band, load)] / level_share[load]
         work: dict[str, float] = {}
         for p, k in routes.items():
-            work[k] = work.get(k, 0.0) + shares[p] / rate[(k, p)]
+            r = rate_at(curves[(k, p[0], p[1])], p[2] * held[(k, p[2])])
+            assert r is not None  # the part was measured on k (served() routes only there)
+            work[k] = work.get(k, 0.0) + shares[p] / r
         return work
 
     singles = [(k, gpus / work_of(r)[k]) for k in sorted({k for k, _ in rate}) if (r := served([k])) is not None]
@@ -155,7 +192,8 @@ def plan_shared_gpu(measurements: Sequence[CellMeasurement], token_shares: Mappi
                 check_fits_one_gpu({k: footprints[k] for k in keys})
             except SharedGpuFitError:
                 continue
-            r = gpus / sum(work_of(routes).values())
+            work = work_of(routes)
+            r = gpus / sum(work.values())
             if r > best_rate * (1 + 1e-9):
                 best_routes, best_rate = routes, r
     work = work_of(best_routes)
