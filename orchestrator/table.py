@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from orchestrator.config import Backend, EngineConfig, gpus_needed
+from orchestrator.config import EngineConfig, gpus_needed
 from orchestrator.errors import ConfigError
 from orchestrator.fsutil import atomic_write_text
 
@@ -270,8 +270,8 @@ class GpuBudget(_Model):
         ``tp`` GPUs it stands for: it reserves none on the cluster, so by its reservation any number of
         simulated engines would fit and a simulated sweep's ``--serve-gpus`` would choose nothing."""
         configs = list(configs)
-        simulated = sum(c.tp for c in configs if c.backend is Backend.SIM)
-        real = gpus_for_engines((c for c in configs if c.backend is not Backend.SIM), share_gpu=self.share_gpu)
+        simulated = sum(c.tp for c in configs if c.simulated)
+        real = gpus_for_engines((c for c in configs if not c.simulated), share_gpu=self.share_gpu)
         return simulated + real <= self.gpus
 
 

@@ -141,12 +141,12 @@ class Constraints:
 # ----- rows ---------------------------------------------------------------------------------------------
 def config_columns(config: EngineConfig) -> dict[str, Any]:
     return {
-        "engine_key": config.key(), "engine_label": config.label(), "backend": config.backend.value,
+        "engine_key": config.key(), "engine_label": config.label(), "backend": config.backend,
         "model": config.model, "tp": config.tp, "speculative": config.speculative,
         "num_draft_tokens": config.num_draft_tokens, "memory_fraction": config.memory_fraction,
         "max_batch_size": config.max_batch_size, "session_len": config.session_len,
         "max_prefill_tokens": config.max_prefill_tokens, "extra_flags": " ".join(config.extra_flags),
-        "simulated_backend": config.simulated_backend.value if config.simulated_backend else None,
+        "simulated_backend": config.simulated_backend,
     }
 
 

@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from orchestrator.config import Backend, EngineConfig, gpus_needed
+from orchestrator.config import EngineConfig, gpus_needed
 from orchestrator.errors import ConfigError
 from orchestrator.raycompat import with_deployment_version
 from orchestrator.serve.protocol import DEFAULT_MAX_BODY_BYTES
@@ -316,7 +316,7 @@ def check_resources(args: AppArgs, table: RoutingTable, cluster: Mapping[str, fl
     have_gpus = float(cluster.get("GPU", 0.0))
     placed = gpus_needed(gpu_requests(args, table))
     if placed > have_gpus + 1e-9:
-        shareable = any(c.tp == 1 and c.backend is not Backend.SIM for c in table.distinct_configs().values())
+        shareable = any(c.tp == 1 and not c.simulated for c in table.distinct_configs().values())
         raise ConfigError(
             f"the app reserves {need['GPU']:g} GPUs with every deployment at its minimum replica count"
             + (f", {placed} once placed (a replica's share of a GPU cannot span two GPUs)"
@@ -414,7 +414,7 @@ def build_app(
         kwargs = {
             "served_model_name": served,
             "log_dir": opts.log_dir,
-            "sim_time_scale": args.sim_time_scale if cfg.backend is Backend.SIM else None,
+            "sim_time_scale": args.sim_time_scale if cfg.simulated else None,
             "ready_timeout_s": opts.ready_timeout_s,
             "health_timeout_s": opts.health_timeout_s,
             "metrics_poll_s": opts.metrics_poll_s,

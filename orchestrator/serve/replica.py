@@ -43,7 +43,7 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import Backend, EngineConfig
+from orchestrator.config import EngineConfig
 from orchestrator.errors import EngineDiedError, EngineNotReadyError, OrchestratorError
 from orchestrator.sim.server import SIM_HEADER
 from orchestrator.serve.metrics import (
@@ -146,7 +146,7 @@ class EngineReplica:
         self.config = EngineConfig.from_dict(config)
         self.key = self.config.key()
         gpus: list[int] | None = None
-        if self.config.backend is not Backend.SIM:
+        if not self.config.simulated:
             ids = ray.get_gpu_ids()
             if len(ids) != self.config.tp:
                 raise EngineNotReadyError(
@@ -164,7 +164,7 @@ class EngineReplica:
             log_dir=Path(log_dir or default_log_dir()),
             ready_timeout_s=ready_timeout_s,
             served_model_name=served_model_name,
-            sim_time_scale=sim_time_scale if self.config.backend is Backend.SIM else None,
+            sim_time_scale=sim_time_scale if self.config.simulated else None,
         )
         self.engine.start()
         try:
@@ -237,7 +237,7 @@ class EngineReplica:
         """The simulated engine's ``GET /sim/info`` (time scale, profile, counters); ``None`` for a real
         engine. The router answers its own ``/sim/info`` from these, so clients benchmarking through
         it know the figures are simulated and how to scale them."""
-        if self.config.backend is not Backend.SIM:
+        if not self.config.simulated:
             return None
         async with self._session.get(self.engine.base_url + "/sim/info") as resp:
             resp.raise_for_status()

@@ -105,8 +105,9 @@ DEFAULT_PROFILE = "intern-s2-preview-8xh200"
 _PROFILE_SECTIONS = ("architecture", "mtp", "hardware", "fitted", "acceptance")
 _POS_BIN = 16  # acceptance tables are tabulated every 16 output positions (smooth in position)
 
-SIM_BACKENDS = ("pytorch", "turbomind")
-"""The LMDeploy engines a profile can describe: its own constants are the PyTorch engine's."""
+SIM_BACKENDS = ("pytorch", "turbomind", "vllm")
+"""The engines a profile can describe: its own constants are LMDeploy's PyTorch engine's; a section
+named after another engine holds that engine's constants."""
 
 SAMPLING_CONSTANTS = ("sampling_overhead_ms",)
 """A profile's sampling-cost constants (module docstring): non-negative, default 0 (no cost)."""
@@ -114,7 +115,7 @@ SAMPLING_CONSTANTS = ("sampling_overhead_ms",)
 BACKEND_CONSTANTS = ("eff_bandwidth", "eff_decode_flops", "eff_prefill_flops", "decode_overhead_ms",
                      "decode_overhead_per_seq_ms", "prefill_overhead_ms", "prefill_overhead_per_token_us",
                      "host_overlap", *SAMPLING_CONSTANTS)
-"""Constants a profile's ``turbomind`` section may set (one it leaves out is the PyTorch engine's);
+"""Constants a profile's ``turbomind`` or ``vllm`` section may set (one it leaves out is the PyTorch engine's);
 everything else (architecture, memory, acceptance) is the model's and the GPU's, the same under either
 engine. The sampling constants are among them: TurboMind samples with its own kernels."""
 
@@ -315,7 +316,7 @@ class EngineParams:
     session_len: int | None = None
     max_prefill_tokens: int = 8192
     backend: str = "pytorch"
-    """The LMDeploy engine simulated: ``pytorch`` or ``turbomind`` (no speculation)."""
+    """The engine simulated: ``pytorch``, ``turbomind`` (no speculation) or ``vllm``."""
 
     def __post_init__(self) -> None:
         if self.backend not in SIM_BACKENDS:
