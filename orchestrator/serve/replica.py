@@ -47,8 +47,6 @@ from orchestrator.config import EngineConfig
 from orchestrator.errors import EngineDiedError, EngineNotReadyError, OrchestratorError
 from orchestrator.sim.server import SIM_HEADER
 from orchestrator.serve.metrics import (
-    RUNNING,
-    WAITING,
     AcceptLengthTracker,
     EngineMetrics,
     drafting_sequences,
@@ -176,7 +174,8 @@ class EngineReplica:
         self._reaper = _spawn_reaper(os.getpid(), self.engine.pid)
         self._session: Any = None
         self._poller: asyncio.Task[None] | None = None
-        self._accept = AcceptLengthTracker.for_poll(self.config.num_draft_tokens, self._metrics_poll_s)
+        self._names = self.config.engine.metrics_for(self.config)
+        self._accept = AcceptLengthTracker.for_poll(self.config.num_draft_tokens, self._metrics_poll_s, self._names)
         # Sequences that could draft, of requests the engine answered (ended or cut off): the tracker's divisor.
         self._sequences_answered = 0
         self._metrics_scrapes = 0  # successful scrapes of the engine's /metrics
@@ -319,10 +318,10 @@ class EngineReplica:
                 samples = parse_prometheus_text(text)
                 self._last_samples = samples
                 m.scrape_errors.set(1, tags=tags)
-                if RUNNING in samples:
-                    m.running.set(samples[RUNNING], tags=tags)
-                if WAITING in samples:
-                    m.waiting.set(samples[WAITING], tags=tags)
+                if self._names.running in samples:
+                    m.running.set(samples[self._names.running], tags=tags)
+                if self._names.waiting in samples:
+                    m.waiting.set(samples[self._names.waiting], tags=tags)
                 value = self._accept.update(samples, self._sequences_answered)
                 if value is not None:
                     m.accept_length.set(value, tags=tags)

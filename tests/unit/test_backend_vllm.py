@@ -92,3 +92,30 @@ def test_vllms_own_parser_accepts_our_command() -> None:
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv[5:])
     assert args.max_num_seqs == 64 and args.tensor_parallel_size == 2
     assert args.speculative_config == {"method": "mtp", "num_speculative_tokens": 3}
+
+
+VLLM_PAGE = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="q"} 100.0
+# TYPE vllm:spec_decode_num_draft_tokens_total counter
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="q"} 300.0
+# TYPE vllm:spec_decode_num_accepted_tokens_total counter
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="q"} 210.0
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="q"} 3.0
+"""
+
+
+def test_the_bench_and_the_live_gauge_read_vllms_counters() -> None:
+    from orchestrator.serve.metrics import AcceptLengthTracker, parse_prometheus_text
+    from tuning.bench.counters import accept_length_from_counters, parse_spec_counters
+
+    counters = parse_spec_counters(VLLM_PAGE)
+    assert counters == {"num_drafts": 100.0, "num_draft_tokens": 300.0, "num_accepted_tokens": 210.0}
+    assert accept_length_from_counters(counters, 3) == pytest.approx(1 + 210 / 100)
+    tracker = AcceptLengthTracker.for_poll(3, 1.0, get_backend("vllm").metrics)
+    before = parse_prometheus_text(VLLM_PAGE)
+    assert tracker.update(before, 0) is None  # one scrape: no interval yet
+    after = {**before, "vllm:spec_decode_num_draft_tokens_total": 600.0,
+             "vllm:spec_decode_num_accepted_tokens_total": 450.0, "vllm:spec_decode_num_drafts_total": 200.0}
+    assert tracker.update(after, 0) == pytest.approx(1 + 240 / 100)
