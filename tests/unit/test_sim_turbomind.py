@@ -141,6 +141,6 @@ def test_the_sim_space_offers_turbomind_as_a_queued_point_and_the_results_row_ke
 
 
 def test_a_sim_space_offering_turbomind_needs_a_profile_with_turbomind_constants():
-    with pytest.raises(ConfigError, match="'tiny-qwen35-1xh200' has no TurboMind constants.*--backends pytorch"):
+    with pytest.raises(ConfigError, match="'tiny-qwen35-1xh200' has no turbomind constants.*--backends"):
         SearchSpace(engine="sim", model="tiny-qwen35-1xh200", tp=1, off_backends=("pytorch", "turbomind"))
     assert SearchSpace(engine="sim", model="tiny-qwen35-1xh200", tp=1).off_backends == ("pytorch",)

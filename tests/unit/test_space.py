@@ -161,8 +161,28 @@ def test_yaml_narrows_and_validates(tmp_path):
         SearchSpace.from_mapping({"num_drafts": [1]}, model="/m")
     with pytest.raises(ConfigError, match="memory_fraction"):
         SearchSpace.from_mapping({"memory_fraction": [1.5]}, model="/m")
-    with pytest.raises(ConfigError, match="turbomind"):
-        SearchSpace.from_mapping({"off_backends": ["vllm"]}, model="/m")
+    with pytest.raises(ConfigError, match=r"off_backends \['sglang'\] invalid; allowed: \['pytorch', 'turbomind', 'vllm'\]"):
+        SearchSpace.from_mapping({"off_backends": ["sglang"]}, model="/m")
+    with pytest.raises(ConfigError, match=r"spec_backends \['turbomind'\] invalid; allowed: the engines that speculate"):
+        SearchSpace.from_mapping({"spec_backends": ["turbomind"]}, model="/m")
+
+
+def test_the_engine_axis_spans_engine_families():
+    """MTP on: PyTorch or vLLM; MTP off: any engine. Every point renders its own engine's command."""
+    space = SearchSpace(model="/m", tp=1, num_draft_tokens=(2, 3), memory_fraction=(0.8,), max_batch_size=(64,),
+                        off_backends=("pytorch", "vllm"), spec_backends=("pytorch", "vllm"))
+    assert space.engines == ("pytorch", "vllm")
+    configs = [cfg for _, cfg in space.grid()]
+    assert {(c.backend, c.speculative) for c in configs} == {("pytorch", True), ("vllm", True), ("pytorch", False),
+                                                             ("vllm", False)}
+    assert len(configs) == 2 * 2 + 2
+    vllm_mtp = space.to_engine_config({"speculative": True, "spec_backend": "vllm", "num_draft_tokens": 3,
+                                       "memory_fraction": 0.8, "max_batch_size": 64})
+    assert "--speculative-config" in vllm_mtp.command(host="h", port=1)
+    sim = space.replace(engine="sim", model="intern-s2-preview-8xh200")
+    assert {c.engine_name for _, c in sim.grid()} == {"pytorch", "vllm"} and all(c.simulated for _, c in sim.grid())
+    with pytest.raises(ConfigError, match="no vllm constants"):
+        space.replace(engine="sim", model="tiny-qwen35-1xh200")
 
 
 def test_buckets_default_names_and_validation():

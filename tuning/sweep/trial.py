@@ -163,7 +163,7 @@ def _measure(config: EngineConfig, context: TrialContext, trial_id: str, role: s
     rows = rows_for_trial(sweep_id=context.sweep_id, trial_id=trial_id, role=role, config=config,
                           buckets=context.buckets, measurements=measurements, failure=failure,
                           engine_startup_s=startup_s)
-    facts = measured_on() if gpus else {}
+    facts = measured_on(config.engine_name) if gpus else {}
     return [ResultRow.from_mapping({**r, **facts}) for r in rows], failure
 
 
