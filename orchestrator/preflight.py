@@ -17,6 +17,9 @@ it misses ``libcudart.so.12`` and ``libcublas.so.12`` (docs/turbomind.md). The l
 real in a child Python (the engine's interpreter and environment), so the loader names what is
 missing and nothing CUDA-related is loaded into the orchestrating process.
 
+Which checks an engine gets is its backend's word (``EngineBackend.preflight_checks``, e.g. vLLM's own
+version check lives in :mod:`orchestrator.backends.vllm`); the checks themselves are here.
+
 Weights are inspected by reading safetensors headers directly (8-byte little-endian length, then a
 JSON header), so no torch is needed on the orchestrating node. Every failure says what to do.
 """
