@@ -1,0 +1,52 @@
+"""tuning.schedule: vLLM's draft length per batch size from the sweep's load cells."""
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.errors import ConfigError
+from tuning.schedule import DraftSchedule, LoadPoint, draft_schedule, load_points
+
+
+def _points(table: dict[int, dict[int, float]], spread: float = 0.0) -> list[LoadPoint]:
+    return [LoadPoint(c, k, t, spread) for c, row in table.items() for k, t in row.items()]
+
+
+def test_speculate_at_low_load_and_turn_off_at_high_load() -> None:
+    measured = {1: {0: 100, 2: 170, 4: 190}, 16: {0: 1000, 2: 1300, 4: 1250},
+                64: {0: 3000, 2: 2990, 4: 2500}, 256: {0: 6000, 2: 5000, 4: 4000}}
+    s = draft_schedule(_points(measured), max_batch_size=512)
+    # 1: 4 is best; 16: 2 (4 is 3.8 % below); 64: 0 and 2 tie, 2 kept from its neighbour; 256: off
+    assert s.ranges == ((1, 4, 4), (5, 128, 2), (129, 512, 0))
+    assert s.num_speculative_tokens == 4
+    assert s.to_vllm() == [[1, 4, 4], [5, 128, 2], [129, 512, 0]]
+    assert [s.draft_tokens_at(b) for b in (1, 4, 5, 128, 129, 1000)] == [4, 4, 2, 2, 0, 0]
+
+
+def test_neighbours_within_noise_merge_into_one_range() -> None:
+    measured = {1: {2: 200, 3: 204}, 8: {2: 800, 3: 790}, 32: {2: 2000, 3: 2050}}
+    assert draft_schedule(_points(measured)).ranges == ((1, 32, 3),)  # 3 stays as good everywhere
+    # with a wider run-to-run spread, a 5 % gap is noise too
+    wider = {1: {2: 200, 3: 210}, 8: {2: 800, 3: 760}}
+    assert draft_schedule(_points(wider)).ranges == ((1, 2, 3), (3, 8, 2))
+    assert draft_schedule(_points(wider, spread=0.06)).ranges == ((1, 8, 3),)  # one range: the faster at 1
+
+
+def test_bad_input_is_refused_with_the_reason() -> None:
+    with pytest.raises(ConfigError, match="needs measured load points"):
+        draft_schedule([])
+    with pytest.raises(ConfigError, match="two measurements"):
+        draft_schedule([LoadPoint(1, 2, 10.0), LoadPoint(1, 2, 11.0)])
+    with pytest.raises(ConfigError, match="contiguously"):
+        DraftSchedule(((1, 4, 2), (6, 8, 0)))
+    with pytest.raises(ConfigError, match="invalid load point"):
+        LoadPoint(0, 2, 1.0)
+
+
+def test_load_points_from_results_rows() -> None:
+    rows = [{"status": "ok", "concurrency": 1, "speculative": True, "num_draft_tokens": 3, "output_throughput": 9.0,
+             "output_throughput_spread": float("nan")},
+            {"status": "ok", "concurrency": 1, "speculative": False, "num_draft_tokens": 0, "output_throughput": 5.0,
+             "output_throughput_spread": 0.02},
+            {"status": "failed", "concurrency": 8, "speculative": False, "num_draft_tokens": 0,
+             "output_throughput": 0.0}]
+    assert load_points(rows) == [LoadPoint(1, 3, 9.0, 0.0), LoadPoint(1, 0, 5.0, 0.02)]

@@ -1,0 +1,158 @@
+"""vLLM's dynamic speculation schedule from the sweep's load cells. Pure.
+
+vLLM 0.26.0 changes the draft length inside one engine as its batch grows: ``--speculative-config``'s
+``num_speculative_tokens_per_batch_size``, a list of ``[first batch size, last batch size, draft
+tokens]`` (vllm-project/vllm#32374). It ships no default because the right one depends on the model
+and the GPU; targeting an acceptance rate cannot find it either (acceptance stays flat with load while
+the right action flips from "speculate" to "off"). Measured throughput per draft length per load can,
+and that is what the sweep's load cells are: config x in-flight level.
+
+So for one vLLM engine (every field but the draft length fixed), one output-length bucket and one
+temperature class, :func:`draft_schedule` takes the throughput of each draft length (0 = MTP off) at
+each in-flight level and returns the ranges: per level the best draft length, where the draft length
+already serving the neighbouring level is kept when it measured within noise of the best (two figures
+are within noise when they differ by no more than the larger of ``min_gain`` and either's run-to-run
+spread), and neighbouring levels with the same draft length merged. Level ``c_i`` covers the batch
+sizes from just above the previous level's range to ``floor(sqrt(c_i * c_{i+1}))`` (the geometric
+middle: levels are measured on a log-like grid), the last one up to the engine's ``max_num_seqs``.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.errors import ConfigError
+
+__all__ = ["DraftSchedule", "LoadPoint", "MIN_GAIN", "draft_schedule", "load_points"]
+
+MIN_GAIN = 0.03
+"""A draft length replaces the one serving the neighbouring level only when it is more than this much
+faster (the sweep's cell rule: a cell beats what it would otherwise get by more than 3 %)."""
+
+
+@dataclass(frozen=True)
+class LoadPoint:
+    """One load cell of one engine: ``draft_tokens`` (0 = MTP off) measured at ``in_flight``."""
+
+    in_flight: int
+    draft_tokens: int
+    throughput: float
+    spread: float = 0.0
+    """Run-to-run spread of the figure, relative ((max - min) / median of the rounds)."""
+
+    def __post_init__(self) -> None:
+        if self.in_flight < 1 or self.draft_tokens < 0 or not self.throughput >= 0 or not self.spread >= 0:
+            raise ConfigError(f"invalid load point {self}: in_flight >= 1, draft_tokens >= 0, throughput and "
+                              "spread >= 0")
+
+
+@dataclass(frozen=True)
+class DraftSchedule:
+    """``ranges``: ``(first batch size, last batch size, draft tokens)``, contiguous from 1, in order."""
+
+    ranges: tuple[tuple[int, int, int], ...]
+
+    def __post_init__(self) -> None:
+        ranges = tuple((int(lo), int(hi), int(k)) for lo, hi, k in self.ranges)
+        if not ranges:
+            raise ConfigError("a draft schedule needs at least one range")
+        expected = 1
+        for lo, hi, k in ranges:
+            if lo != expected or hi < lo or k < 0:
+                raise ConfigError(f"draft schedule {list(ranges)}: ranges must run contiguously from batch size 1, "
+                                  "each [first, last, draft tokens] with first <= last and draft tokens >= 0")
+            expected = hi + 1
+        object.__setattr__(self, "ranges", ranges)
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        """The engine's draft length: the schedule's longest (vLLM sizes its buffers by it)."""
+        return max(k for _, _, k in self.ranges)
+
+    def draft_tokens_at(self, batch_size: int) -> int:
+        """The draft length at ``batch_size`` running sequences (past the last range: the last one's)."""
+        for lo, hi, k in self.ranges:
+            if lo <= batch_size <= hi:
+                return k
+        return self.ranges[-1][2]
+
+    def to_vllm(self) -> list[list[int]]:
+        """``num_speculative_tokens_per_batch_size`` as vLLM's JSON takes it."""
+        return [list(r) for r in self.ranges]
+
+
+def draft_schedule(points: Iterable[LoadPoint], *, max_batch_size: int | None = None,
+                   min_gain: float = MIN_GAIN) -> DraftSchedule:
+    """The schedule the measured ``points`` of one engine ask for (module docstring).
+
+    Args:
+        points: every (in-flight level, draft length) measured; each level needs at least one.
+        max_batch_size: the engine's ``max_num_seqs``: where the last range ends (default: the highest
+            level measured).
+        min_gain: the smallest relative gain that moves a level off its neighbour's draft length.
+    Raises:
+        ConfigError: no points, or two figures for the same (level, draft length).
+    """
+    by_level: dict[int, dict[int, LoadPoint]] = {}
+    for p in points:
+        level = by_level.setdefault(p.in_flight, {})
+        if p.draft_tokens in level:
+            raise ConfigError(f"two measurements of {p.draft_tokens} draft tokens at {p.in_flight} in flight; "
+                              "pass one figure per load cell")
+        level[p.draft_tokens] = p
+    if not by_level:
+        raise ConfigError("a draft schedule needs measured load points")
+    levels = sorted(by_level)
+    tied = [_within_noise(by_level[c], min_gain) for c in levels]
+    chosen: list[int] = []
+    for i, candidates in enumerate(tied):
+        if chosen and chosen[-1] in candidates:
+            chosen.append(chosen[-1])  # the neighbour's draft length is as good here: one range
+            continue
+        # among the draft lengths as good as the best, the one that stays so over the most levels ahead
+        chosen.append(max(candidates, key=lambda k: (_run_length(tied, i, k), by_level[levels[i]][k].throughput)))
+    last = max(max_batch_size or 0, levels[-1])
+    bounds = [math.isqrt(a * b) for a, b in zip(levels, levels[1:])] + [last]
+    ranges: list[tuple[int, int, int]] = []
+    lo = 1
+    for hi, k in zip(bounds, chosen):
+        hi = max(hi, lo)
+        if ranges and ranges[-1][2] == k:
+            ranges[-1] = (ranges[-1][0], hi, k)
+        else:
+            ranges.append((lo, hi, k))
+        lo = hi + 1
+    return DraftSchedule(tuple(ranges))
+
+
+def _within_noise(level: Mapping[int, LoadPoint], min_gain: float) -> frozenset[int]:
+    best = max(level.values(), key=lambda p: p.throughput)
+    return frozenset(k for k, p in level.items()
+                     if p.throughput >= best.throughput / (1 + max(min_gain, p.spread, best.spread)))
+
+
+def _run_length(tied: Sequence[frozenset[int]], start: int, k: int) -> int:
+    n = 0
+    for candidates in tied[start:]:
+        if k not in candidates:
+            break
+        n += 1
+    return n
+
+
+def load_points(rows: Iterable[Mapping[str, Any]]) -> list[LoadPoint]:
+    """Load points from results rows (:data:`tuning.results.ROW_COLUMNS`) of one engine, bucket and
+    temperature class: ``concurrency``, ``num_draft_tokens`` (0 when ``speculative`` is off),
+    ``output_throughput`` and ``output_throughput_spread``; failed rows are left out."""
+    out = []
+    for r in rows:
+        if r.get("status", "ok") != "ok":
+            continue
+        spread = r.get("output_throughput_spread")
+        out.append(LoadPoint(in_flight=int(r["concurrency"]),
+                             draft_tokens=int(r["num_draft_tokens"]) if r.get("speculative") else 0,
+                             throughput=float(r["output_throughput"]),
+                             spread=0.0 if spread is None or spread != spread else float(spread)))
+    return out
