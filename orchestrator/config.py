@@ -163,6 +163,10 @@ class EngineConfig:
             registered real engine, e.g. ``turbomind`` or ``vllm``) or ``None`` (LMDeploy's PyTorch
             engine; ``"pytorch"`` is normalised to ``None``, so every sim config written before this
             field existed keeps its key). Rendered as the simulator's ``--backend``.
+        draft_schedule: the draft length per batch size, ``((first, last, draft tokens), ...)`` from
+            batch size 1 (0 = no drafting there; the longest is ``num_draft_tokens``), for engines that
+            change it inside one engine (vLLM's ``num_speculative_tokens_per_batch_size``; the sweep
+            writes it, :mod:`tuning.schedule`). ``None``: ``num_draft_tokens`` at every batch size.
     """
 
     backend: str = "pytorch"
@@ -176,6 +180,7 @@ class EngineConfig:
     max_prefill_tokens: int = 8192
     extra_flags: tuple[str, ...] = field(default_factory=tuple)
     simulated_backend: str | None = None
+    draft_schedule: tuple[tuple[int, int, int], ...] | None = None
 
     def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
@@ -217,6 +222,10 @@ class EngineConfig:
                                   f"{self.backend!r}")
             set_("simulated_backend", None if simulated == Backend.PYTORCH else simulated)
 
+        if self.draft_schedule is not None:
+            if self.speculative_algorithm is None:
+                raise ConfigError("draft_schedule is set with speculation off; set speculative_algorithm too")
+            set_("draft_schedule", tuple(tuple(int(x) for x in r) for r in self.draft_schedule))
         if self.speculative_algorithm is None:
             if self.num_draft_tokens not in (0,):
                 # Normalise rather than reject: "spec off, 3 drafts" and "spec off" are one engine.
@@ -232,6 +241,7 @@ class EngineConfig:
                     f"num_draft_tokens={self.num_draft_tokens} with speculative_algorithm="
                     f"{self.speculative_algorithm.value!r}; allowed: 1..{MAX_DRAFT_TOKENS}"
                 )
+        self.engine.check_config(self)
 
     # ----- identity -------------------------------------------------------------------------------
     @property
@@ -258,16 +268,17 @@ class EngineConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (enums as strings, tuples as lists). ``simulated_backend`` only when set: it
-        came after keys were published, and a config without it must keep its key."""
+        came after keys were published, and a config without it must keep its key; so does
+        ``draft_schedule``."""
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if f.name == "simulated_backend" and v is None:
+            if f.name in ("simulated_backend", "draft_schedule") and v is None:
                 continue
             if isinstance(v, enum.Enum):
                 v = v.value
             elif isinstance(v, tuple):
-                v = list(v)
+                v = [list(x) if isinstance(x, tuple) else x for x in v]
             out[f.name] = v
         return out
 
@@ -296,7 +307,8 @@ class EngineConfig:
 
     def label(self) -> str:
         """Short human label, e.g. ``pytorch-mtp4-mem0.8-bs256-tp1``. Not unique; use :meth:`key`."""
-        spec = f"mtp{self.num_draft_tokens}" if self.speculative else "nospec"
+        spec = (f"mtp{self.num_draft_tokens}" + ("sched" if self.draft_schedule else "")) if self.speculative \
+            else "nospec"
         bs = f"bs{self.max_batch_size}" if self.max_batch_size is not None else "bsauto"
         backend = self.backend + (f"-{self.simulated_backend}" if self.simulated_backend else "")
         return f"{backend}-{spec}-mem{self.memory_fraction:g}-{bs}-tp{self.tp}"

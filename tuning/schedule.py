@@ -23,6 +23,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.backends.vllm import check_draft_schedule
+from orchestrator.config import EngineConfig
 from orchestrator.errors import ConfigError
 
 __all__ = ["DraftSchedule", "LoadPoint", "MIN_GAIN", "draft_schedule", "load_points"]
@@ -55,16 +57,10 @@ class DraftSchedule:
     ranges: tuple[tuple[int, int, int], ...]
 
     def __post_init__(self) -> None:
-        ranges = tuple((int(lo), int(hi), int(k)) for lo, hi, k in self.ranges)
-        if not ranges:
+        if not self.ranges:
             raise ConfigError("a draft schedule needs at least one range")
-        expected = 1
-        for lo, hi, k in ranges:
-            if lo != expected or hi < lo or k < 0:
-                raise ConfigError(f"draft schedule {list(ranges)}: ranges must run contiguously from batch size 1, "
-                                  "each [first, last, draft tokens] with first <= last and draft tokens >= 0")
-            expected = hi + 1
-        object.__setattr__(self, "ranges", ranges)
+        longest = max((int(r[2]) for r in self.ranges), default=0)
+        object.__setattr__(self, "ranges", check_draft_schedule(self.ranges, max(longest, 0)))
 
     @property
     def num_speculative_tokens(self) -> int:
@@ -81,6 +77,17 @@ class DraftSchedule:
     def to_vllm(self) -> list[list[int]]:
         """``num_speculative_tokens_per_batch_size`` as vLLM's JSON takes it."""
         return [list(r) for r in self.ranges]
+
+    def apply_to(self, config: EngineConfig) -> EngineConfig:
+        """``config`` (one vLLM engine, any draft length) serving this schedule: MTP with the longest draft
+        length and the ranges, or MTP off where the schedule never drafts."""
+        if self.num_speculative_tokens == 0:
+            return config.replace(speculative_algorithm=None, num_draft_tokens=0, draft_schedule=None)
+        if len(self.ranges) == 1:  # one draft length everywhere: a fixed engine, no schedule to pass
+            return config.replace(speculative_algorithm="qwen3_5_mtp", num_draft_tokens=self.num_speculative_tokens,
+                                  draft_schedule=None)
+        return config.replace(speculative_algorithm="qwen3_5_mtp", num_draft_tokens=self.num_speculative_tokens,
+                              draft_schedule=self.ranges)
 
 
 def draft_schedule(points: Iterable[LoadPoint], *, max_batch_size: int | None = None,

@@ -71,6 +71,9 @@ class EngineBackend(abc.ABC):
     must know which sampling band such a request falls in."""
     supports_speculation: ClassVar[bool] = False
     no_speculation_reason: ClassVar[str] = "this engine has no speculative decoding"
+    supports_draft_schedule: ClassVar[bool] = False
+    """Whether the draft length can change with the batch size inside one engine
+    (:attr:`EngineConfig.draft_schedule`; vLLM's ``num_speculative_tokens_per_batch_size``)."""
     metrics: ClassVar[MetricNames]
     readiness_path: ClassVar[str] = "/v1/models"
     """``GET`` answers 200 once the engine serves (the model is loaded)."""
@@ -127,6 +130,9 @@ class EngineBackend(abc.ABC):
         speculation it would silently ignore). Called by :class:`EngineConfig` itself."""
         if config.speculative and not self.supports_speculation:
             raise ConfigError(f"speculative_algorithm is set for engine {self.name!r}: {self.no_speculation_reason}")
+        if config.draft_schedule is not None and not self.supports_draft_schedule:
+            raise ConfigError(f"draft_schedule is set for engine {self.name!r}, which has one draft length per engine; "
+                              "a schedule needs an engine that changes it with the batch size (vllm)")
 
     # ----- what it is ----------------------------------------------------------------------------------
     def metrics_for(self, config: EngineConfig) -> MetricNames:

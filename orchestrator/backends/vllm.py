@@ -28,12 +28,12 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.backends.base import EngineBackend, MetricNames, compact_json
-from orchestrator.errors import PreflightError
+from orchestrator.errors import ConfigError, PreflightError
 
 if TYPE_CHECKING:
     from orchestrator.config import EngineConfig
 
-__all__ = ["MIN_VLLM_VERSION", "VLLM", "VLLM_METRICS", "speculative_config"]
+__all__ = ["MIN_VLLM_VERSION", "VLLM", "VLLM_METRICS", "check_draft_schedule", "speculative_config"]
 
 MIN_VLLM_VERSION = "0.26.0"
 """The version this module was written against: it pins torch 2.11.0, the GPU image's torch, and has
@@ -51,10 +51,37 @@ MTP_METHOD = "mtp"
 
 
 def speculative_config(config: EngineConfig) -> dict[str, Any] | None:
-    """The ``--speculative-config`` object of a config (``None``: speculation off)."""
+    """The ``--speculative-config`` object of a config (``None``: speculation off), with its draft
+    schedule (``num_speculative_tokens_per_batch_size``) when it has one."""
     if not config.speculative:
         return None
-    return {"method": MTP_METHOD, "num_speculative_tokens": config.num_draft_tokens}
+    spec: dict[str, Any] = {"method": MTP_METHOD, "num_speculative_tokens": config.num_draft_tokens}
+    if config.draft_schedule is not None:
+        spec["num_speculative_tokens_per_batch_size"] = [list(r) for r in config.draft_schedule]
+    return spec
+
+
+def check_draft_schedule(ranges: Any, num_draft_tokens: int) -> tuple[tuple[int, int, int], ...]:
+    """``num_speculative_tokens_per_batch_size`` as this project writes it: ``[first, last, draft tokens]``
+    ranges running contiguously from batch size 1, each draft length within ``0..num_draft_tokens``
+    and the longest equal to it (vLLM sizes its draft buffers by ``num_speculative_tokens``).
+
+    Returns the ranges as a tuple of int triples; raises :class:`ConfigError` saying what is wrong."""
+    try:
+        out = tuple((int(lo), int(hi), int(k)) for lo, hi, k in ranges)
+    except (TypeError, ValueError):
+        raise ConfigError(f"draft_schedule={ranges!r} must be a list of [first batch size, last batch size, "
+                          "draft tokens]") from None
+    expected = 1
+    for lo, hi, k in out:
+        if lo != expected or hi < lo or not 0 <= k <= num_draft_tokens:
+            raise ConfigError(f"draft_schedule={[list(r) for r in out]}: ranges must run contiguously from batch "
+                              f"size 1, first <= last, with 0..{num_draft_tokens} draft tokens each")
+        expected = hi + 1
+    if not out or max(k for _, _, k in out) != num_draft_tokens:
+        raise ConfigError(f"draft_schedule={[list(r) for r in out]}: its longest draft length must be the "
+                          f"config's num_draft_tokens={num_draft_tokens} (vLLM's num_speculative_tokens)")
+    return out
 
 
 class VLLM(EngineBackend, name="vllm"):
@@ -62,7 +89,13 @@ class VLLM(EngineBackend, name="vllm"):
     memory_flag = "--gpu-memory-utilization"
     default_temperature = 1.0
     supports_speculation = True
+    supports_draft_schedule = True
     metrics = VLLM_METRICS
+
+    def check_config(self, config: EngineConfig) -> None:
+        super().check_config(config)
+        if config.draft_schedule is not None:
+            check_draft_schedule(config.draft_schedule, config.num_draft_tokens)
 
     def flags(self, config: EngineConfig) -> list[str]:
         argv = ["--tensor-parallel-size", str(config.tp), self.memory_flag, f"{config.memory_fraction:g}"]

@@ -38,6 +38,8 @@ def test_bad_input_is_refused_with_the_reason() -> None:
         draft_schedule([LoadPoint(1, 2, 10.0), LoadPoint(1, 2, 11.0)])
     with pytest.raises(ConfigError, match="contiguously"):
         DraftSchedule(((1, 4, 2), (6, 8, 0)))
+    with pytest.raises(ConfigError, match="at least one range"):
+        DraftSchedule(())
     with pytest.raises(ConfigError, match="invalid load point"):
         LoadPoint(0, 2, 1.0)
 
@@ -50,3 +52,19 @@ def test_load_points_from_results_rows() -> None:
             {"status": "failed", "concurrency": 8, "speculative": False, "num_draft_tokens": 0,
              "output_throughput": 0.0}]
     assert load_points(rows) == [LoadPoint(1, 3, 9.0, 0.0), LoadPoint(1, 0, 5.0, 0.02)]
+
+
+def test_a_schedule_becomes_the_vllm_engines_speculative_config() -> None:
+    from orchestrator.backends.vllm import speculative_config
+    from orchestrator.config import EngineConfig
+
+    base = EngineConfig(backend="vllm", model="/m", max_batch_size=512)
+    cfg = DraftSchedule(((1, 4, 4), (5, 128, 2), (129, 512, 0))).apply_to(base)
+    assert cfg.num_draft_tokens == 4 and cfg.label().startswith("vllm-mtp4sched")
+    assert speculative_config(cfg) == {"method": "mtp", "num_speculative_tokens": 4,
+                                       "num_speculative_tokens_per_batch_size": [[1, 4, 4], [5, 128, 2], [129, 512, 0]]}
+    assert DraftSchedule(((1, 512, 3),)).apply_to(base).draft_schedule is None  # one length: a fixed engine
+    assert not DraftSchedule(((1, 512, 0),)).apply_to(base).speculative
+    sim = EngineConfig(backend="sim", simulated_backend="vllm", model="intern-s2-preview-8xh200", tp=8)
+    argv = DraftSchedule(((1, 8, 3), (9, 64, 1))).apply_to(sim).command(host="h", port=1)
+    assert '"num_speculative_tokens_per_batch_size":[[1,8,3],[9,64,1]]' in argv[argv.index("--speculative-config") + 1]
