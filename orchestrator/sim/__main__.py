@@ -62,6 +62,19 @@ def _speculative_config(value: str) -> dict:
     n = spec.get("num_speculative_tokens")
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise argparse.ArgumentTypeError(f"--speculative-config needs num_speculative_tokens >= 1, got {value!r}")
+    unknown = sorted(set(spec) - {"method", "num_speculative_tokens", "num_speculative_tokens_per_batch_size"})
+    if unknown:
+        raise argparse.ArgumentTypeError(f"--speculative-config keys {unknown} are not simulated; the simulator takes "
+                                         "method, num_speculative_tokens, num_speculative_tokens_per_batch_size")
+    if "num_speculative_tokens_per_batch_size" in spec:
+        from orchestrator.backends.vllm import check_draft_schedule
+        from orchestrator.errors import ConfigError
+
+        try:
+            spec["num_speculative_tokens_per_batch_size"] = check_draft_schedule(
+                spec["num_speculative_tokens_per_batch_size"], n)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(f"--speculative-config: {exc}") from None
     return spec
 
 
@@ -79,7 +92,7 @@ def _engine_settings(args: argparse.Namespace) -> argparse.Namespace:
     if args.backend != "vllm":
         if given_vllm:
             raise ValueError(f"vLLM flags {['--' + d.replace('_', '-') for d in given_vllm]} need --backend vllm")
-        return args
+        return argparse.Namespace(**vars(args), draft_schedule=None)
     given_lmdeploy = [d for d, default in _LMDEPLOY_DESTS.items() if getattr(args, d) != default]
     if given_lmdeploy:
         raise ValueError(f"--backend vllm takes vLLM's flag names, not LMDeploy's "
@@ -92,6 +105,7 @@ def _engine_settings(args: argparse.Namespace) -> argparse.Namespace:
         "max_prefill_token_num": args.max_num_batched_tokens or 8192,
         "speculative_algorithm": "qwen3_5_mtp" if spec else None,
         "speculative_num_draft_tokens": spec["num_speculative_tokens"] if spec else None,
+        "draft_schedule": (spec or {}).get("num_speculative_tokens_per_batch_size"),
     })
 
 
@@ -172,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         params = EngineParams(tp=args.tp or profile.num_gpus, num_draft_tokens=n_draft,
                               memory_fraction=args.cache_max_entry_count, max_batch_size=args.max_batch_size,
                               session_len=args.session_len, max_prefill_tokens=args.max_prefill_token_num,
-                              backend=args.backend)
+                              backend=args.backend,
+                              draft_schedule=args.draft_schedule)
         from orchestrator.sim.server import SimEngine  # aiohttp import only when serving
 
         asyncio.set_event_loop(loop := asyncio.new_event_loop())
