@@ -27,7 +27,7 @@ from orchestrator.backends.vllm import check_draft_schedule
 from orchestrator.config import EngineConfig
 from orchestrator.errors import ConfigError
 
-__all__ = ["DraftSchedule", "LoadPoint", "MIN_GAIN", "draft_schedule", "load_points"]
+__all__ = ["DraftSchedule", "LoadPoint", "MIN_GAIN", "draft_schedule", "load_points", "schedule_lines", "schedule_table"]
 
 MIN_GAIN = 0.03
 """A draft length replaces the one serving the neighbouring level only when it is more than this much
@@ -162,4 +162,95 @@ def load_points(rows: Iterable[Mapping[str, Any]]) -> list[LoadPoint]:
                              draft_tokens=int(r["num_draft_tokens"]) if r.get("speculative") else 0,
                              throughput=float(r["output_throughput"]),
                              spread=0.0 if spread is None or spread != spread else float(spread)))
+    return out
+
+
+# ----- the sweep's table -------------------------------------------------------------------------------
+_DRAFT_FIELDS = ("speculative_algorithm", "num_draft_tokens", "draft_schedule")
+
+
+def _engine_identity(config: Mapping[str, Any]) -> str:
+    """A config without its draft length: one engine whatever it drafts (what a schedule varies)."""
+    import json
+
+    return json.dumps({k: v for k, v in config.items() if k not in _DRAFT_FIELDS}, sort_keys=True)
+
+
+def schedule_table(table: Any, results: Any, *, min_gain: float = MIN_GAIN) -> Any:
+    """``table`` with each bucket whose primary engine is vLLM (real or simulated) serving one engine with
+    a draft schedule instead of several engines split by load (module docstring): the schedule comes
+    from that engine's load cells at the bucket's primary temperature in ``results`` (a results frame);
+    the bucket's load variants and cells on the same engine (any draft length) at that temperature's band
+    are dropped, since the engine adapts by itself; cells on other engines or bands stay (the router
+    still routes by temperature across engines where that pays). A bucket measured at one load level,
+    or whose schedule is one draft length everywhere, is left as it was. Every scheduled bucket gets a
+    provenance note: its figures stay those of the configs measured, the schedule itself was not."""
+    from orchestrator.config import EngineConfig
+    from tuning.results import config_of_row
+
+    if results is None or len(results) == 0 or "engine" not in results.columns:
+        return table
+    ok = results[(results["status"] == "ok") & (results["engine"] == "vllm")]
+    buckets, notes = [], list(table.provenance.notes)
+    for bucket in table.buckets:
+        primary = bucket.engine_config()
+        rows = ok[ok["bucket"] == bucket.name]
+        if primary.engine_name != "vllm" or rows.empty:
+            buckets.append(bucket)
+            continue
+        at_primary = rows[rows["primary_load"].astype(bool)]
+        if at_primary.empty:
+            buckets.append(bucket)
+            continue
+        temperature = float(at_primary["temperature"].mode().iloc[0])
+        identity = _engine_identity(primary.to_dict())
+        mine = [r for r in rows[rows["temperature"] == temperature].to_dict("records")
+                if _engine_identity(EngineConfig.from_dict(config_of_row(r)).to_dict()) == identity]
+        points = _one_per_cell(load_points(mine))
+        if len({p.in_flight for p in points}) < 2:
+            buckets.append(bucket)
+            continue
+        schedule = draft_schedule(points, max_batch_size=primary.max_batch_size, min_gain=min_gain)
+        if len(schedule.ranges) == 1:
+            buckets.append(bucket)
+            continue
+        scheduled = schedule.apply_to(primary)
+        band = table.band_for(temperature)
+        band_name = band.name if band is not None else None
+        same = lambda route: _engine_identity(route.config) == identity  # noqa: E731
+        cells = tuple(c for c in bucket.cells if not (same(c) and c.sampling in (None, band_name)))
+        variants = tuple(v for v in bucket.load_variants if not same(v))
+        buckets.append(bucket.model_copy(update={
+            "config": scheduled.to_dict(), "cells": cells, "load_variants": variants,
+            "engine": None, "engine_version": None}))  # re-derived when the table is parsed
+        notes.append(f"{bucket.name}: vLLM draft schedule {schedule.to_vllm()} from its load cells at temperature "
+                     f"{temperature:g} (levels {sorted({p.in_flight for p in points})}); the figures are the "
+                     "measured configs', the scheduled engine itself was not measured")
+    return table.model_copy(update={"buckets": tuple(buckets),
+                                    "provenance": table.provenance.model_copy(update={"notes": tuple(notes)})})
+
+
+def _one_per_cell(points: list[LoadPoint]) -> list[LoadPoint]:
+    """One figure per (level, draft length): the median of several engines' measurements of it (cached
+    copies and decide rounds measure a cell again), with the widest spread among them."""
+    import statistics
+
+    cells: dict[tuple[int, int], list[LoadPoint]] = {}
+    for p in points:
+        cells.setdefault((p.in_flight, p.draft_tokens), []).append(p)
+    return [LoadPoint(c, k, statistics.median(p.throughput for p in ps), max(p.spread for p in ps))
+            for (c, k), ps in cells.items()]
+
+
+def schedule_lines(table: Any) -> list[str]:
+    """For the summary: the exact ``--speculative-config`` of every route that serves a draft schedule."""
+    from orchestrator.backends.base import compact_json
+    from orchestrator.backends.vllm import speculative_config
+
+    out = []
+    for bucket in table.buckets:
+        for route in (bucket, *bucket.load_variants, *bucket.cells):
+            config = route.engine_config()
+            if config.draft_schedule is not None:
+                out.append(f"{bucket.name}: --speculative-config '{compact_json(speculative_config(config))}'")
     return out

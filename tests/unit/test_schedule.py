@@ -68,3 +68,48 @@ def test_a_schedule_becomes_the_vllm_engines_speculative_config() -> None:
     sim = EngineConfig(backend="sim", simulated_backend="vllm", model="intern-s2-preview-8xh200", tp=8)
     argv = DraftSchedule(((1, 8, 3), (9, 64, 1))).apply_to(sim).command(host="h", port=1)
     assert '"num_speculative_tokens_per_batch_size":[[1,8,3],[9,64,1]]' in argv[argv.index("--speculative-config") + 1]
+
+
+def _row(k: int, concurrency: int, throughput: float, *, primary: bool, temperature: float = 0.0) -> dict:
+    return {"status": "ok", "engine": "vllm", "bucket": "le256", "primary_load": primary, "temperature": temperature,
+            "concurrency": concurrency, "speculative": k > 0, "num_draft_tokens": k, "output_throughput": throughput,
+            "output_throughput_spread": None, "backend": "vllm", "model": "/m", "tp": 1, "memory_fraction": 0.8,
+            "max_batch_size": 128, "session_len": None, "max_prefill_tokens": 8192, "extra_flags": "",
+            "simulated_backend": None}
+
+
+def test_the_sweeps_table_serves_one_scheduled_vllm_engine_instead_of_engines_split_by_load() -> None:
+    import pandas as pd
+
+    from orchestrator import table as routing
+    from orchestrator.config import EngineConfig
+    from orchestrator.fsutil import utc_now_iso
+    from tuning.schedule import schedule_lines, schedule_table
+
+    vllm = EngineConfig(backend="vllm", model="/m", tp=1, max_batch_size=128)
+    mtp3 = vllm.replace(speculative_algorithm="qwen3_5_mtp", num_draft_tokens=3)
+    lmdeploy = EngineConfig(backend="pytorch", model="/m", tp=1, max_batch_size=128)
+    table = routing.parse({
+        "provenance": {"model": "/m", "gpu_type": "H200", "gpu_count": 1, "sweep_id": "s", "created_at": utc_now_iso(),
+                       "simulated": False},
+        "default_temperature": 1.0,
+        "buckets": [{"name": "le256", "max_output_len": 256, "config": mtp3.to_dict(),
+                     "figures": {"output_throughput": 300.0},
+                     "load_variants": [{"min_concurrency": 128, "config": vllm.to_dict(),
+                                        "figures": {"output_throughput": 4000.0}}],
+                     "cells": [{"sampling": "sampled", "min_in_flight": 1, "config": lmdeploy.to_dict(),
+                                "figures": {"output_throughput": 250.0}}]}],
+    })
+    results = pd.DataFrame([_row(3, 1, 300.0, primary=True), _row(0, 1, 200.0, primary=False),
+                            _row(3, 16, 1500.0, primary=False), _row(0, 16, 1450.0, primary=False),
+                            _row(3, 128, 3000.0, primary=False), _row(0, 128, 4000.0, primary=False),
+                            _row(0, 1, 999.0, primary=False, temperature=0.8)])  # another temperature: not used
+    out = routing.parse(schedule_table(table, results).model_dump(mode="json"))
+    bucket = out.bucket("le256")
+    assert bucket.engine_config().draft_schedule == ((1, 45, 3), (46, 128, 0))
+    assert bucket.load_variants == () and [c.engine for c in bucket.cells] == ["pytorch"]  # other engine kept
+    assert "draft schedule [[1, 45, 3], [46, 128, 0]]" in out.provenance.notes[-1]
+    assert schedule_lines(out) == ["le256: --speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":3,"
+                                   "\"num_speculative_tokens_per_batch_size\":[[1,45,3],[46,128,0]]}'"]
+    # a table without vLLM, or results at one load level, is left as it was
+    assert schedule_table(table, results[results.concurrency == 1]) == table

@@ -31,6 +31,7 @@ from typing import Any
 from orchestrator.errors import ConfigError
 from orchestrator.table import RoutingTable, RoutingTableError
 from tuning.results import failed_rows, results_frame, write_results
+from tuning.schedule import schedule_table
 from tuning.sweep.actors import GpuLease, ResultCache
 from tuning.sweep.budget import TimeBudgetSpent, write_budget
 from tuning.sweep.choose import choose_table, commit_table, table_targets
@@ -236,7 +237,7 @@ def run_sweep(
     table = table_path = None
     error = None
     try:
-        table = choose_table(df, spec, provenance_for(spec, df), traffic)
+        table = schedule_table(choose_table(df, spec, provenance_for(spec, df), traffic), df)
         if decided:
             table = table.model_copy(update={"provenance": table.provenance.model_copy(
                 update={"notes": (*table.provenance.notes, decided)})})

@@ -15,6 +15,7 @@ from tuning.results import (
     busy_host_rows,
     summary_rows,
 )
+from tuning.schedule import schedule_lines
 from tuning.sweep.decide import DECIDE_DIR, ROLE_DECIDE
 from tuning.sweep.runner import SweepOutcome
 from tuning.sweep.spec import SweepSpec
@@ -62,6 +63,8 @@ def print_summary(outcome: SweepOutcome, *, console: Any = None, traffic: Any = 
             console.print(traffic_line(outcome.table, df, spec, traffic))
         elif mixed := mixed_line(outcome.table, df):
             console.print(mixed)
+        for line in schedule_lines(outcome.table):
+            console.print(f"vLLM draft schedule, {line}", markup=False, highlight=False, soft_wrap=True)
         for note in (*outcome.table.provenance.notes, *(budget.notes if budget else ())):
             console.print(f"  - {note}")
         if outcome.error:
