@@ -1,20 +1,13 @@
-"""`EngineConfig`: what engine to start, validated once at the edge, and the one table that turns it
-into a command line.
+"""`EngineConfig`: what engine to start, validated once at the edge; the engine family it names
+(:mod:`orchestrator.backends`) turns it into a command line.
 
 A config is frozen and hashable so it can key caches, dedupe search-space points and name Serve
 deployments. Two configs that would start the same engine command are equal and have equal keys
 (e.g. ``num_draft_tokens`` is normalised to 0 when speculation is off).
 
-LMDeploy 0.18 facts this module encodes:
-
-- MTP (``--speculative-algorithm qwen3_5_mtp``) exists only in the PyTorch engine; TurboMind ignores
-  speculation with a warning, so ``backend="turbomind"`` with speculation is rejected here rather
-  than silently measured as a non-speculative engine. A simulated engine standing in for TurboMind
-  (``backend="sim", simulated_backend="turbomind"``) is refused the same way.
-- LMDeploy has one draft knob, ``--speculative-num-draft-tokens`` (the draft model runs that many
-  steps), so "num steps" and "draft tokens" of other engines' guides collapse into it.
-- ``--cache-max-entry-count`` is the fraction of *free* GPU memory (after weights) given to the KV
-  cache.
+What an engine makes of a field (flags, the memory fraction's meaning, speculation support) is its
+backend's fact, not this module's: a config asks :attr:`EngineConfig.engine` to refuse what that engine
+would run as something else (e.g. speculation on LMDeploy's TurboMind) and to render its command.
 """
 from __future__ import annotations
 
@@ -22,12 +15,20 @@ import dataclasses
 import enum
 import hashlib
 import json
-import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from orchestrator.backends import get_backend, known_backends
+from orchestrator.backends.lmdeploy import (
+    FLAG_TABLE,
+    TURBOMIND_HAS_NO_SPECULATION,
+    FlagSpec,
+)
 from orchestrator.errors import ConfigError
+
+if TYPE_CHECKING:
+    from orchestrator.backends import EngineBackend
 
 __all__ = [
     "Backend",
@@ -37,7 +38,7 @@ __all__ = [
     "FLAG_TABLE",
     "MAX_DRAFT_TOKENS",
     "SHARED_GPU_HEADROOM",
-    "SIMULATED_BACKENDS",
+    "API_DEFAULT_TEMPERATURE",
     "TURBOMIND_HAS_NO_SPECULATION",
     "gpus_needed",
 ]
@@ -109,30 +110,31 @@ def _first_fit_decreasing(fractions: list[int], free: list[int]) -> list[int]:
 
 
 class Backend(str, enum.Enum):
-    """Which engine serves the model."""
+    """Names of the engines this project ships, for code that spells one. A config's ``backend`` is a
+    plain string, any name registered in :mod:`orchestrator.backends` (which is what knows engines)."""
 
     PYTORCH = "pytorch"
-    """LMDeploy's PyTorch engine: the only one with MTP speculative decoding in 0.18."""
     TURBOMIND = "turbomind"
-    """LMDeploy's TurboMind engine: no speculation."""
+    VLLM = "vllm"
     SIM = "sim"
-    """The simulated engine (:mod:`orchestrator.sim`): a performance model, no GPU, never a GPU figure."""
 
 
-API_DEFAULT_TEMPERATURE: dict[Backend, float] = {Backend.PYTORCH: 0.7, Backend.TURBOMIND: 0.7, Backend.SIM: 1.0}
-"""The sampling temperature an engine's OpenAI endpoints use when a request gives none (LMDeploy 0.18's
-``ChatCompletionRequest`` / ``CompletionRequest`` default 0.7; the simulator's 1.0). A request without
-``temperature`` is sampled, not greedy, so the router must know which band it falls in."""
+class _DefaultTemperatures(Mapping[str, float]):
+    """Backend name -> the temperature its OpenAI endpoints use when a request gives none
+    (:attr:`EngineBackend.default_temperature`): a request without ``temperature`` is sampled, not
+    greedy, so the router must know which band it falls in."""
+
+    def __getitem__(self, name: str) -> float:
+        return get_backend(name).default_temperature
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(known_backends())
+
+    def __len__(self) -> int:
+        return len(known_backends())
 
 
-TURBOMIND_HAS_NO_SPECULATION = (
-    "LMDeploy 0.18's TurboMind engine ignores speculative decoding (it only logs a warning), so this config "
-    "would silently run without MTP. Use backend='pytorch' for MTP, or speculative_algorithm=None for TurboMind."
-)
-"""Why speculation with TurboMind is refused: by :class:`EngineConfig` and by the simulated engine alike."""
-
-SIMULATED_BACKENDS = (Backend.PYTORCH, Backend.TURBOMIND)
-"""The LMDeploy engines the simulator can stand in for (``EngineConfig.simulated_backend``)."""
+API_DEFAULT_TEMPERATURE: Mapping[str, float] = _DefaultTemperatures()
 
 
 class SpeculativeAlgorithm(str, enum.Enum):
@@ -144,24 +146,30 @@ class EngineConfig:
     """One engine configuration.
 
     Args:
-        backend: ``pytorch`` | ``turbomind`` | ``sim``.
-        model: checkpoint path (LMDeploy) or simulator profile name / path (``sim``).
+        backend: a registered engine backend (:func:`orchestrator.backends.known_backends`):
+            ``pytorch`` | ``turbomind`` (LMDeploy) | ``vllm`` | ``sim``.
+        model: checkpoint path (a real engine) or simulator profile name / path (``sim``).
         tp: tensor-parallel degree = GPUs the engine needs.
         speculative_algorithm: ``qwen3_5_mtp`` or ``None`` (speculation off).
         num_draft_tokens: tokens drafted per step (LMDeploy ``--speculative-num-draft-tokens``);
             0 iff speculation is off.
-        memory_fraction: LMDeploy ``--cache-max-entry-count``: share of free GPU memory for KV cache.
+        memory_fraction: the engine's memory flag (:attr:`EngineBackend.memory_flag`): LMDeploy's share
+            of free GPU memory for KV cache, vLLM's share of the whole GPU.
         max_batch_size: concurrent sequences the engine schedules; ``None`` lets the engine choose.
         session_len: max tokens of one sequence (prompt + output); ``None`` = model's context.
         max_prefill_tokens: max tokens per prefill iteration (``--max-prefill-token-num``).
         extra_flags: further command-line flags passed through verbatim (kept in the key).
-        simulated_backend: backend ``sim`` only: the LMDeploy engine the simulator stands in for,
-            ``turbomind`` or ``None`` (the PyTorch engine; ``"pytorch"`` is normalised to ``None``, so
-            every sim config written before this field existed keeps its key). Rendered as the
-            simulator's ``--backend``, like LMDeploy's.
+        simulated_backend: backend ``sim`` only: the engine the simulator stands in for (any
+            registered real engine, e.g. ``turbomind`` or ``vllm``) or ``None`` (LMDeploy's PyTorch
+            engine; ``"pytorch"`` is normalised to ``None``, so every sim config written before this
+            field existed keeps its key). Rendered as the simulator's ``--backend``.
+        draft_schedule: the draft length per batch size, ``((first, last, draft tokens), ...)`` from
+            batch size 1 (0 = no drafting there; the longest is ``num_draft_tokens``), for engines that
+            change it inside one engine (vLLM's ``num_speculative_tokens_per_batch_size``; the sweep
+            writes it, :mod:`tuning.schedule`). ``None``: ``num_draft_tokens`` at every batch size.
     """
 
-    backend: Backend = Backend.PYTORCH
+    backend: str = "pytorch"
     model: str = ""
     tp: int = 1
     speculative_algorithm: SpeculativeAlgorithm | None = None
@@ -171,16 +179,12 @@ class EngineConfig:
     session_len: int | None = None
     max_prefill_tokens: int = 8192
     extra_flags: tuple[str, ...] = field(default_factory=tuple)
-    simulated_backend: Backend | None = None
+    simulated_backend: str | None = None
+    draft_schedule: tuple[tuple[int, int, int], ...] | None = None
 
     def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
-        try:
-            set_("backend", Backend(self.backend))
-        except ValueError:
-            raise ConfigError(
-                f"backend={self.backend!r} is invalid; allowed: {[b.value for b in Backend]}"
-            ) from None
+        set_("backend", get_backend(self.backend).name)  # unknown: an error listing the known ones
         if self.speculative_algorithm in (None, "", "none"):
             set_("speculative_algorithm", None)
         else:
@@ -209,32 +213,35 @@ class EngineConfig:
             raise ConfigError("extra_flags must be a sequence of strings, e.g. ['--eager-mode']")
         set_("extra_flags", tuple(self.extra_flags))
         if self.simulated_backend is not None:
-            try:
-                simulated = Backend(self.simulated_backend)
-            except ValueError:
-                simulated = None
-            if simulated not in SIMULATED_BACKENDS:
-                raise ConfigError(f"simulated_backend={self.simulated_backend!r} is invalid; allowed: "
-                                  f"{[b.value for b in SIMULATED_BACKENDS]} or None")
-            if self.backend is not Backend.SIM:
-                raise ConfigError(f"simulated_backend={simulated.value!r} applies to backend 'sim' only, not "
-                                  f"{self.backend.value!r}")
-            set_("simulated_backend", None if simulated is Backend.PYTORCH else simulated)
+            real = known_backends(simulatable=True)
+            if str(getattr(self.simulated_backend, "value", self.simulated_backend)) not in real:
+                raise ConfigError(f"simulated_backend={self.simulated_backend!r} is invalid; allowed: {real} or None")
+            simulated = get_backend(self.simulated_backend).name
+            if not self.simulated:
+                raise ConfigError(f"simulated_backend={simulated!r} applies to backend 'sim' only, not "
+                                  f"{self.backend!r}")
+            set_("simulated_backend", None if simulated == Backend.PYTORCH else simulated)
 
+        if self.draft_schedule is not None:
+            if self.speculative_algorithm is None:
+                raise ConfigError("draft_schedule is set with speculation off; set speculative_algorithm too")
+            set_("draft_schedule", tuple(tuple(int(x) for x in r) for r in self.draft_schedule))
         if self.speculative_algorithm is None:
             if self.num_draft_tokens not in (0,):
                 # Normalise rather than reject: "spec off, 3 drafts" and "spec off" are one engine.
                 set_("num_draft_tokens", 0)
         else:
-            if self.engine_backend is Backend.TURBOMIND:
-                where = "backend='turbomind'" if self.backend is Backend.TURBOMIND else \
-                    "backend='sim', simulated_backend='turbomind'"
-                raise ConfigError(f"speculative_algorithm is set with {where}: {TURBOMIND_HAS_NO_SPECULATION}")
+            if not get_backend(self.engine_name).supports_speculation:
+                where = f"backend={self.backend!r}" if not self.simulated else \
+                    f"backend='sim', simulated_backend={self.simulated_backend!r}"
+                reason = get_backend(self.engine_name).no_speculation_reason
+                raise ConfigError(f"speculative_algorithm is set with {where}: {reason}")
             if self.num_draft_tokens < 1:
                 raise ConfigError(
                     f"num_draft_tokens={self.num_draft_tokens} with speculative_algorithm="
                     f"{self.speculative_algorithm.value!r}; allowed: 1..{MAX_DRAFT_TOKENS}"
                 )
+        self.engine.check_config(self)
 
     # ----- identity -------------------------------------------------------------------------------
     @property
@@ -242,24 +249,36 @@ class EngineConfig:
         return self.speculative_algorithm is not None
 
     @property
-    def engine_backend(self) -> Backend:
-        """The LMDeploy engine this config runs, or stands in for when simulated."""
-        if self.backend is Backend.SIM:
-            return self.simulated_backend or Backend.PYTORCH
+    def engine(self) -> EngineBackend:
+        """The backend that runs this config (the simulator for a simulated one)."""
+        return get_backend(self.backend)
+
+    @property
+    def simulated(self) -> bool:
+        """A simulated engine: no GPU, never a GPU figure."""
+        return self.engine.simulated
+
+    @property
+    def engine_name(self) -> str:
+        """The real engine this config runs, or stands in for when simulated (the ``engine`` of rows
+        and tables)."""
+        if self.simulated:
+            return self.simulated_backend or Backend.PYTORCH.value
         return self.backend
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (enums as strings, tuples as lists). ``simulated_backend`` only when set: it
-        came after keys were published, and a config without it must keep its key."""
+        came after keys were published, and a config without it must keep its key; so does
+        ``draft_schedule``."""
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if f.name == "simulated_backend" and v is None:
+            if f.name in ("simulated_backend", "draft_schedule") and v is None:
                 continue
             if isinstance(v, enum.Enum):
                 v = v.value
             elif isinstance(v, tuple):
-                v = list(v)
+                v = [list(x) if isinstance(x, tuple) else x for x in v]
             out[f.name] = v
         return out
 
@@ -288,9 +307,10 @@ class EngineConfig:
 
     def label(self) -> str:
         """Short human label, e.g. ``pytorch-mtp4-mem0.8-bs256-tp1``. Not unique; use :meth:`key`."""
-        spec = f"mtp{self.num_draft_tokens}" if self.speculative else "nospec"
+        spec = (f"mtp{self.num_draft_tokens}" + ("sched" if self.draft_schedule else "")) if self.speculative \
+            else "nospec"
         bs = f"bs{self.max_batch_size}" if self.max_batch_size is not None else "bsauto"
-        backend = self.backend.value + (f"-{self.simulated_backend.value}" if self.simulated_backend else "")
+        backend = self.backend + (f"-{self.simulated_backend}" if self.simulated_backend else "")
         return f"{backend}-{spec}-mem{self.memory_fraction:g}-{bs}-tp{self.tp}"
 
     # ----- resources ------------------------------------------------------------------------------
@@ -305,70 +325,12 @@ class EngineConfig:
         capacity planning); a production model's weights alone exceed the headroom. The simulator
         needs no GPU.
         """
-        if self.backend is Backend.SIM:
-            return 0
-        if share_gpu and self.tp == 1:
-            return min(1.0, round(self.memory_fraction + SHARED_GPU_HEADROOM, 4))
-        return self.tp
+        return self.engine.gpu_request(self, share_gpu=share_gpu)
 
     # ----- command line ---------------------------------------------------------------------------
     def command(self, *, host: str, port: int, served_model_name: str | None = None) -> list[str]:
-        """The engine's command line, built from :data:`FLAG_TABLE` (the one mapping of config to flags)."""
-        if self.backend is Backend.SIM:
-            argv = [sys.executable, "-m", "orchestrator.sim", "--profile", self.model]
-        else:
-            # ``python -m lmdeploy`` rather than the ``lmdeploy`` script: installs without console
-            # scripts (``pip --target``, some images) have the module but not the executable.
-            argv = [sys.executable, "-m", "lmdeploy", "serve", "api_server", self.model, "--backend", self.backend.value]
-        argv += ["--server-name", host, "--server-port", str(port)]
-        if served_model_name:
-            argv += ["--model-name", served_model_name]
-        for spec in FLAG_TABLE:
-            if self.backend not in spec.backends:
-                continue
-            value = getattr(self, spec.field)
-            argv += spec.render(value)
-        argv += list(self.extra_flags)
-        return argv
-
-
-@dataclass(frozen=True)
-class FlagSpec:
-    """How one config field becomes command-line flags, and for which backends."""
-
-    field: str
-    flag: str
-    backends: frozenset[Backend]
-    format: Callable[[Any], str | None] = str
-    """Value -> flag argument; ``None`` omits the flag (engine default)."""
-
-    def render(self, value: Any) -> list[str]:
-        if value is None:
-            return []
-        arg = self.format(value)
-        return [] if arg is None else [self.flag, arg]
-
-
-_ALL = frozenset(Backend)
-_LMDEPLOY = frozenset({Backend.PYTORCH, Backend.TURBOMIND})
-_SPEC = frozenset({Backend.PYTORCH, Backend.SIM})
-_SIM = frozenset({Backend.SIM})
-
-FLAG_TABLE: tuple[FlagSpec, ...] = (
-    # LMDeploy's own --backend comes first in EngineConfig.command(); the simulator gets the engine it
-    # stands in for, and only when that is not the PyTorch engine (its default), so commands stay as they were.
-    FlagSpec("simulated_backend", "--backend", _SIM, lambda v: v.value),
-    FlagSpec("tp", "--tp", _ALL),
-    FlagSpec("memory_fraction", "--cache-max-entry-count", _ALL, lambda v: f"{v:g}"),
-    FlagSpec("max_batch_size", "--max-batch-size", _ALL),
-    FlagSpec("session_len", "--session-len", _ALL),
-    FlagSpec("max_prefill_tokens", "--max-prefill-token-num", _ALL),
-    FlagSpec("speculative_algorithm", "--speculative-algorithm", _SPEC, lambda v: v.value),
-    # Only rendered when speculation is on: num_draft_tokens is normalised to 0 otherwise.
-    FlagSpec("num_draft_tokens", "--speculative-num-draft-tokens", _SPEC, lambda v: str(v) if v else None),
-)
-"""The single mapping of config fields to engine flags (LMDeploy ``serve api_server`` names; the
-simulated engine accepts the same names so one table serves both)."""
+        """The engine's command line (:meth:`EngineBackend.command`)."""
+        return self.engine.command(self, host=host, port=port, served_model_name=served_model_name)
 
 
 def _check_int(name: str, value: Any, lo: int, hi: int) -> None:

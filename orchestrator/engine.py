@@ -1,4 +1,8 @@
-"""`EngineProcess`: one engine server (LMDeploy or the simulator) as a child process we own.
+"""`EngineProcess`: one engine server (any engine family, or the simulator) as a child process we own.
+
+The process handling is here and the same for every engine; what differs between engines (command
+line, environment, readiness path, health path) the config's backend says
+(:mod:`orchestrator.backends`).
 
 Modelled on vLLM's benchmark server process: the engine starts in a *new session* so that it and
 every worker it forks (LMDeploy's tensor-parallel workers hold the GPU memory) share one process
@@ -25,8 +29,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from orchestrator.config import Backend, EngineConfig
-from orchestrator.errors import ConfigError, EngineDiedError, EngineNotReadyError, PreflightError
+from orchestrator.config import EngineConfig
+from orchestrator.errors import (
+    ConfigError,
+    EngineDiedError,
+    EngineNotReadyError,
+    PreflightError,
+)
 from orchestrator.ports import find_free_port, port_is_free, wait_for_port_free
 
 __all__ = [
@@ -38,10 +47,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-_PROJECT_ROOT = Path(__file__).resolve().parent.parent
-"""Folder holding the ``orchestrator`` package; put on the simulator's PYTHONPATH so
-``python -m orchestrator.sim`` works from a source checkout that is not pip-installed."""
 
 _ADDRESS_IN_USE_MARKERS = ("address already in use", "errno 98", "eaddrinuse")
 _POLL_INTERVAL_S = 0.25
@@ -58,21 +63,10 @@ def engine_argv(
     sim_time_scale: float | None = None,
     sim_fault: str | None = None,
 ) -> list[str]:
-    """The full command line :class:`EngineProcess` runs: :meth:`EngineConfig.command` plus what the
-    process owner adds.
-
-    - PyTorch engine, ``tp > 1``: ``--distributed-executor-backend mp`` unless ``extra_flags``
-      already choose an executor. LMDeploy can otherwise pick its Ray executor, which joins whatever
-      Ray cluster it can reach (inside a Ray worker: ours) and creates placement groups of its own
-      for the TP workers — GPUs outside the reservation Ray gave the caller, or a deadlock waiting
-      for GPUs the caller already holds. The ``mp`` executor forks its workers on exactly the GPUs
-      in ``CUDA_VISIBLE_DEVICES``, and they die with the process group on stop.
-    - Simulator: ``--time-scale S`` and ``--fault SPEC`` when given.
-    """
+    """The full command line :class:`EngineProcess` runs: :meth:`EngineConfig.command` (the backend's)
+    plus what the process owner adds to a simulated engine: ``--time-scale S`` and ``--fault SPEC``."""
     argv = config.command(host=host, port=port, served_model_name=served_model_name)
-    if config.backend is Backend.PYTORCH and config.tp > 1 and not _chooses_executor(config.extra_flags):
-        argv += ["--distributed-executor-backend", "mp"]
-    if config.backend is Backend.SIM:
+    if config.simulated:
         if sim_time_scale is not None:
             if not sim_time_scale > 0:
                 raise ConfigError(f"sim_time_scale={sim_time_scale!r} is invalid; allowed: > 0")
@@ -81,13 +75,9 @@ def engine_argv(
             argv += ["--fault", sim_fault]
     elif sim_time_scale is not None or sim_fault:
         raise ConfigError(
-            f"sim_time_scale / sim_fault apply to backend='sim' only, not {config.backend.value!r}"
+            f"sim_time_scale / sim_fault apply to backend='sim' only, not {config.backend!r}"
         )
     return argv
-
-
-def _chooses_executor(flags: Sequence[str]) -> bool:
-    return any(f.replace("_", "-").split("=", 1)[0] == "--distributed-executor-backend" for f in flags)
 
 
 class EngineProcess:
@@ -96,7 +86,7 @@ class EngineProcess:
 
     Args:
         config: what to run.
-        gpus: GPU indices for ``CUDA_VISIBLE_DEVICES`` (LMDeploy backends; must be ``config.tp`` of
+        gpus: GPU indices for ``CUDA_VISIBLE_DEVICES`` (real engines; must be ``config.tp`` of
             them). ``None`` inherits the caller's environment (e.g. what Ray set for an actor). The
             simulator always gets ``CUDA_VISIBLE_DEVICES=""``: it uses no GPU.
         port: port to serve on; ``None`` picks a free one (and retries once on a fresh port if the
@@ -128,7 +118,7 @@ class EngineProcess:
     ) -> None:
         if not isinstance(config, EngineConfig):
             raise ConfigError(f"config must be an EngineConfig, got {type(config).__name__}")
-        if gpus is not None and config.backend is not Backend.SIM:
+        if gpus is not None and not config.simulated:
             gpus = [int(g) for g in gpus]
             if len(gpus) != config.tp or len(set(gpus)) != len(gpus) or min(gpus) < 0:
                 raise ConfigError(
@@ -220,8 +210,8 @@ class EngineProcess:
             except FileNotFoundError as exc:
                 raise PreflightError(
                     f"cannot start the engine: {argv[0]!r} not found ({exc}). Check the Python "
-                    f"environment on this node and install LMDeploy there: pip install 'lmdeploy>=0.14' "
-                    f"(or the project's [gpu] extra)."
+                    f"environment on this node and install the engine there ({self.config.engine.package}; "
+                    f"docs/gpu.md)."
                 ) from None
         self._stopped = False
 
@@ -229,17 +219,11 @@ class EngineProcess:
         env = dict(os.environ)
         env.update(self.extra_env)
         env["PYTHONUNBUFFERED"] = "1"  # log lines reach the file (and our error messages) as they happen
-        if self.config.backend is Backend.SIM:
-            env["CUDA_VISIBLE_DEVICES"] = ""
-            env["PYTHONPATH"] = os.pathsep.join(
-                p for p in (str(_PROJECT_ROOT), env.get("PYTHONPATH", "")) if p
-            )
-        elif self.gpus is not None:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
+        env.update(self.config.engine.environment(self.config, self.gpus, env))
         return env
 
     def wait_until_ready(self) -> None:
-        """Poll ``GET /v1/models`` until it answers 200.
+        """Poll the backend's readiness path (``GET /v1/models``) until it answers 200.
 
         Raises:
             EngineDiedError: the process exited first (exit code and log tail attached).
@@ -259,7 +243,7 @@ class EngineProcess:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            if self._http_ok("/v1/models", timeout_s=min(5.0, max(0.5, remaining))):
+            if self._http_ok(self.config.engine.readiness_path, timeout_s=min(5.0, max(0.5, remaining))):
                 logger.info("engine %s ready at %s", self.config.label(), self.base_url)
                 return
             time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
@@ -267,7 +251,8 @@ class EngineProcess:
         tail = self.log_tail()
         self.stop()
         raise EngineNotReadyError(
-            f"engine {self.config.label()} at {self.base_url} did not answer GET /v1/models within "
+            f"engine {self.config.label()} at {self.base_url} did not answer GET "
+            f"{self.config.engine.readiness_path} within "
             f"{self.ready_timeout_s:g} s and was stopped; raise ready_timeout_s if the model is still "
             f"loading, otherwise see {self.log_path}",
             log_tail=tail,
@@ -291,7 +276,8 @@ class EngineProcess:
         return self._require_started()
 
     def check_health(self, timeout_s: float = 5.0) -> None:
-        """``GET /health`` (or ``/v1/models`` when the engine has no ``/health``) within ``timeout_s``.
+        """The backend's health path (``GET /health``; its readiness path when the engine answers 404
+        there) within ``timeout_s``.
 
         Raises:
             EngineDiedError: the process has exited.
@@ -300,9 +286,9 @@ class EngineProcess:
         proc = self._require_started()
         if proc.poll() is not None:
             raise self._died_error("engine is not running")
-        status = self._http_status("/health", timeout_s)
+        status = self._http_status(self.config.engine.health_path, timeout_s)
         if status == 404:
-            status = self._http_status("/v1/models", timeout_s)
+            status = self._http_status(self.config.engine.readiness_path, timeout_s)
         if status == 200:
             return
         if proc.poll() is not None:  # died while we were asking

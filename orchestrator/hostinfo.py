@@ -120,11 +120,19 @@ def detect_gpus() -> tuple[str, int]:
     return "none", 0
 
 
-def measured_on() -> dict[str, str | int | None]:
-    """What a real engine is measured on, from the node that measures it: GPU type, LMDeploy version,
-    host CPU model and the CPUs this process may use. The CPU facts are there because a small
+def measured_on(engine: str | None = None) -> dict[str, str | int | None]:
+    """What a real engine is measured on, from the node that measures it: GPU type, the engine's
+    version, host CPU model and the CPUs this process may use. The CPU facts are there because a small
     model's engine is CPU-bound: the same configs measured 1.5x apart on two H200 hosts, and the
-    host CPU and core count are the first thing to compare."""
+    host CPU and core count are the first thing to compare.
+
+    Args:
+        engine: the engine backend measured (:mod:`orchestrator.backends`): its version is
+            ``engine_version``. ``None``: ``lmdeploy_version``, for the LMDeploy-only GPU scripts.
+    """
+    from orchestrator.backends import get_backend
+
     gpu_type, count = detect_gpus()
-    return {"gpu_type": gpu_type if count else None, "lmdeploy_version": package_version("lmdeploy"),
-            "cpu_model": cpu_model(), "cpus": cpus_available()}
+    version = {"engine_version": get_backend(engine).version()} if engine is not None else \
+        {"lmdeploy_version": package_version("lmdeploy")}
+    return {"gpu_type": gpu_type if count else None, **version, "cpu_model": cpu_model(), "cpus": cpus_available()}

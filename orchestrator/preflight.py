@@ -17,6 +17,9 @@ it misses ``libcudart.so.12`` and ``libcublas.so.12`` (docs/turbomind.md). The l
 real in a child Python (the engine's interpreter and environment), so the loader names what is
 missing and nothing CUDA-related is loaded into the orchestrating process.
 
+Which checks an engine gets is its backend's word (``EngineBackend.preflight_checks``, e.g. vLLM's own
+version check lives in :mod:`orchestrator.backends.vllm`); the checks themselves are here.
+
 Weights are inspected by reading safetensors headers directly (8-byte little-endian length, then a
 JSON header), so no torch is needed on the orchestrating node. Every failure says what to do.
 """
@@ -34,7 +37,7 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from orchestrator.config import Backend, EngineConfig
+from orchestrator.config import EngineConfig
 from orchestrator.errors import PreflightError
 from orchestrator.hostinfo import package_version
 
@@ -42,6 +45,7 @@ __all__ = [
     "MIN_LMDEPLOY_VERSION",
     "check_fa3",
     "check_lmdeploy_version",
+    "check_mtp_checkpoint",
     "check_model_path",
     "check_mtp_weights",
     "check_sim_profile",
@@ -336,23 +340,14 @@ def preflight(config: EngineConfig, *, env: Mapping[str, str] | None = None) -> 
 
 
 def _checks_for(config: EngineConfig, env: Mapping[str, str] | None = None) -> list[Callable[[], object]]:
-    if config.backend is Backend.SIM:
-        return [lambda: check_sim_profile(config.model)]
-    checks: list[Callable[[], object]] = []
-    if config.backend is Backend.TURBOMIND:
-        checks.append(lambda: check_turbomind(env=env))
-    if config.backend is Backend.PYTORCH and config.speculative:
-        checks += [check_lmdeploy_version, check_fa3]
+    return config.engine.preflight_checks(config, env)
 
-        def model_checks() -> None:
-            model_dir = check_model_path(config.model)
-            if model_dir is not None:
-                check_mtp_weights(model_dir)
 
-        checks.append(model_checks)
-    else:
-        checks.append(lambda: check_model_path(config.model))
-    return checks
+def check_mtp_checkpoint(model: str) -> None:
+    """A local checkpoint carries MTP heads (:func:`check_mtp_weights`); a hub id is checked by the engine."""
+    model_dir = check_model_path(model)
+    if model_dir is not None:
+        check_mtp_weights(model_dir)
 
 
 # ----- helpers -------------------------------------------------------------------------------------

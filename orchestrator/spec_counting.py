@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from orchestrator.backends.lmdeploy import LMDEPLOY_METRICS
+
 __all__ = [
     "ACCEPTED_TOKENS",
     "DRAFTS",
@@ -29,11 +31,11 @@ __all__ = [
     "estimate_tokens_per_step",
 ]
 
-ACCEPTED_TOKENS = "lmdeploy:spec_decode_num_accepted_tokens_total"
-DRAFT_TOKENS = "lmdeploy:spec_decode_num_draft_tokens_total"
-DRAFTS = "lmdeploy:spec_decode_num_drafts_total"
+ACCEPTED_TOKENS = LMDEPLOY_METRICS.accepted_tokens
+DRAFT_TOKENS = LMDEPLOY_METRICS.draft_tokens
+DRAFTS = LMDEPLOY_METRICS.drafts
 """LMDeploy's Prometheus sample names of its speculative-decoding counters (one draft = one
-sequence's decode step that drafted ``N`` tokens)."""
+sequence's decode step that drafted ``N`` tokens); their one home is :mod:`orchestrator.backends.lmdeploy`."""
 
 
 def chain_accept_distribution(per_draft: float, num_draft_tokens: int) -> tuple[float, ...]:

@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from orchestrator.config import Backend, EngineConfig, gpus_needed
+from orchestrator.config import EngineConfig, gpus_needed
 from orchestrator.errors import ConfigError
 from orchestrator.fsutil import atomic_write_text
 
@@ -52,9 +52,31 @@ __all__ = [
     "parse",
 ]
 
-SCHEMA_VERSION = 2
-#: Version 1 tables (output-length buckets and load variants, no cells) load unchanged.
-READABLE_SCHEMA_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+#: Version 1 tables (output-length buckets and load variants, no cells) and version 2 ones (cells, no
+#: ``engine`` / ``engine_version`` on the routes) load unchanged; their routes' engine is their config's.
+READABLE_SCHEMA_VERSIONS = (1, 2, 3)
+
+_ENGINE_FIELDS = ("engine", "engine_version")
+
+
+class _EngineRoute:
+    """Where a config is named (a bucket, a cell, a load variant): which engine serves it and its version.
+
+    ``engine`` is the engine family member the config runs or simulates (``pytorch``, ``turbomind``,
+    ``vllm``: :attr:`EngineConfig.engine_name`), written from schema version 3 on so a reader of a table
+    mixing engine families sees them without parsing configs; ``engine_version`` the version that
+    engine was measured with (the table's ``provenance.engine_versions``; ``None`` for a simulated one)."""
+
+    @property
+    def engine_name(self) -> str:
+        return self.engine or self.engine_config().engine_name  # type: ignore[attr-defined]
+
+    def _engine_matches_config(self) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is not None and engine != self.engine_config().engine_name:  # type: ignore[attr-defined]
+            raise ValueError(f"engine {engine!r} does not match its config's engine "
+                             f"{self.engine_config().engine_name!r}")  # type: ignore[attr-defined]
 
 
 class RoutingTableError(ConfigError):
@@ -128,7 +150,7 @@ def band_of(temperature: float, bands: Iterable[SamplingBand] = DEFAULT_SAMPLING
     return None
 
 
-class Cell(_Model):
+class Cell(_EngineRoute, _Model):
     """Where a bucket's primary config is not the best: requests of sampling band ``sampling`` (``None``:
     every band) arriving while the bucket's primary deployment has at least ``min_in_flight`` requests in
     flight per replica go to ``config``. The sweep writes a cell only when ``config`` beat the primary on
@@ -141,6 +163,17 @@ class Cell(_Model):
     primary_figures: BucketFigures | None = Field(
         default=None, description="the bucket's primary config measured on the same cell"
     )
+    engine: str | None = None
+    engine_version: str | None = None
+
+    @model_validator(mode="after")
+    def _engine_of_config(self) -> Cell:
+        self._engine_matches_config()
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_engine(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_unset(handler(self), *_ENGINE_FIELDS)
 
     @field_validator("config")
     @classmethod
@@ -157,13 +190,24 @@ class Cell(_Model):
         return self.figures.output_throughput / self.primary_figures.output_throughput - 1.0
 
 
-class LoadVariant(_Model):
+class LoadVariant(_EngineRoute, _Model):
     """A config for this bucket when the live load is at least ``min_concurrency`` in-flight requests
     per replica (speculation pays less under heavy batching, so the best config can change)."""
 
     min_concurrency: int = Field(ge=1)
     config: dict[str, Any]
     figures: BucketFigures
+    engine: str | None = None
+    engine_version: str | None = None
+
+    @model_validator(mode="after")
+    def _engine_of_config(self) -> LoadVariant:
+        self._engine_matches_config()
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_engine(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_unset(handler(self), *_ENGINE_FIELDS)
 
     @field_validator("config")
     @classmethod
@@ -185,7 +229,7 @@ def select_cell(cells: Iterable[Cell], sampling: str | None, in_flight: int) -> 
     return max(fitting, key=lambda c: (c.min_in_flight, c.sampling is not None))
 
 
-class BucketRoute(_Model):
+class BucketRoute(_EngineRoute, _Model):
     """One output-length bucket: requests with ``max_tokens <= max_output_len`` (and above the
     previous bucket's bound) go to ``config``."""
 
@@ -202,6 +246,8 @@ class BucketRoute(_Model):
     load_variants: tuple[LoadVariant, ...] = ()
     cells: tuple[Cell, ...] = ()
     workload: dict[str, Any] = Field(default_factory=dict)
+    engine: str | None = None
+    engine_version: str | None = None
 
     @field_validator("config")
     @classmethod
@@ -216,6 +262,7 @@ class BucketRoute(_Model):
         keys = [(c.sampling, c.min_in_flight) for c in self.cells]
         if len(set(keys)) != len(keys):
             raise ValueError(f"bucket {self.name!r}: two cells for the same (sampling, min_in_flight): {keys}")
+        self._engine_matches_config()
         return self
 
     def engine_config(self) -> EngineConfig:
@@ -235,7 +282,7 @@ class BucketRoute(_Model):
 
     @model_serializer(mode="wrap")
     def _omit_empty_cells(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _without_unset(handler(self), "cells")
+        return _without_unset(handler(self), "cells", *_ENGINE_FIELDS)
 
 
 class GpuBudget(_Model):
@@ -289,8 +336,8 @@ class GpuBudget(_Model):
         ``tp`` GPUs it stands for: it reserves none on the cluster, so by its reservation any number of
         simulated engines would fit and a simulated sweep's ``--serve-gpus`` would choose nothing."""
         configs = list(configs)
-        simulated = sum(c.tp for c in configs if c.backend is Backend.SIM)
-        real = gpus_for_engines((c for c in configs if c.backend is not Backend.SIM), share_gpu=self.share_gpu)
+        simulated = sum(c.tp for c in configs if c.simulated)
+        real = gpus_for_engines((c for c in configs if not c.simulated), share_gpu=self.share_gpu)
         return simulated + real <= self.gpus
 
 
@@ -335,6 +382,44 @@ class RoutingTable(_Model):
         description="the engines' temperature for requests that give none; None: such requests take the primary",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _routes_name_their_engine(cls, data: Any) -> Any:
+        """From schema version 3 on, every route (bucket, cell, load variant) says its engine and the
+        version it was measured with: filled here from its config and the provenance where the writer
+        left them out, so every writer of a table (the sweep's choosing code among them) gets them."""
+        version = data.get("schema_version", SCHEMA_VERSION) if isinstance(data, Mapping) else None
+        if not isinstance(version, int) or version < 3:
+            return data
+        provenance = data.get("provenance")
+        versions = provenance.engine_versions if isinstance(provenance, Provenance) else \
+            (provenance or {}).get("engine_versions") if isinstance(provenance, Mapping) else {}
+        if not isinstance(versions, Mapping):
+            return data  # the field's own validation says what is wrong
+
+        def named(route: Any) -> Any:
+            if isinstance(route, BaseModel):  # built from the models, not read: name its engine too
+                route = route.model_dump()
+            if not isinstance(route, Mapping) or not isinstance(route.get("config"), Mapping):
+                return route
+            try:
+                config = EngineConfig.from_dict(route["config"])
+            except ConfigError:
+                return route  # the config's own validation says what is wrong
+            package = config.engine.package if not config.simulated else None
+            return {**route, "engine": route.get("engine") or config.engine_name,
+                    "engine_version": route.get("engine_version") or (versions.get(package) if package else None)}
+
+        buckets = []
+        for b in data.get("buckets") or ():
+            if isinstance(b, BaseModel):
+                b = b.model_dump()
+            if isinstance(b, Mapping):
+                b = named({**b, "cells": [named(c) for c in b.get("cells") or ()],
+                           "load_variants": [named(v) for v in b.get("load_variants") or ()]})
+            buckets.append(b)
+        return {**data, "buckets": buckets}
+
     @field_validator("schema_version")
     @classmethod
     def _known_schema(cls, v: int) -> int:
@@ -357,6 +442,9 @@ class RoutingTable(_Model):
         uses_v2 = any(b.cells for b in self.buckets) or bands != DEFAULT_SAMPLING_BANDS
         if self.schema_version < 2 and (uses_v2 or self.default_temperature is not None):
             raise ValueError("cells, sampling_bands and default_temperature need schema_version 2")
+        routes = [r for b in self.buckets for r in (b, *b.cells, *b.load_variants)]
+        if self.schema_version < 3 and any(r.engine is not None or r.engine_version is not None for r in routes):
+            raise ValueError("engine and engine_version on routes need schema_version 3")
         for bucket in self.buckets:
             for cell in bucket.cells:
                 if cell.sampling is not None and cell.sampling not in names:
@@ -394,6 +482,15 @@ class RoutingTable(_Model):
             if b.name == name:
                 return b
         raise KeyError(f"no bucket named {name!r}; buckets: {[b.name for b in self.buckets]}")
+
+    def engines(self) -> dict[str, str | None]:
+        """Every engine the table routes to -> the version it was measured with (a table may mix
+        engine families; a simulated engine's version is ``None``)."""
+        out: dict[str, str | None] = {}
+        for b in self.buckets:
+            for r in (b, *b.load_variants, *b.cells):
+                out.setdefault(r.engine_name, r.engine_version)
+        return out
 
     def distinct_configs(self) -> dict[str, EngineConfig]:
         """Every engine config the table uses (bucket configs, load variants and cells), by key."""

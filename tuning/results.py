@@ -45,7 +45,7 @@ __all__ = [
 STATUS_OK = "ok"
 STATUS_FAILED = "failed"
 
-CONFIG_COLUMNS = ("engine_key", "engine_label", "backend", "model", "tp", "speculative", "num_draft_tokens",
+CONFIG_COLUMNS = ("engine_key", "engine_label", "backend", "engine", "model", "tp", "speculative", "num_draft_tokens",
                   "memory_fraction", "max_batch_size", "session_len", "max_prefill_tokens", "extra_flags",
                   "simulated_backend")
 FIGURE_COLUMNS = (
@@ -94,12 +94,13 @@ def behind_schedule_rows(df: pd.DataFrame) -> pd.DataFrame:
 # ----- rows ---------------------------------------------------------------------------------------------
 def config_columns(config: EngineConfig) -> dict[str, Any]:
     return {
-        "engine_key": config.key(), "engine_label": config.label(), "backend": config.backend.value,
+        "engine_key": config.key(), "engine_label": config.label(), "backend": config.backend,
+        "engine": config.engine_name,  # the engine run or simulated (pytorch, turbomind, vllm)
         "model": config.model, "tp": config.tp, "speculative": config.speculative,
         "num_draft_tokens": config.num_draft_tokens, "memory_fraction": config.memory_fraction,
         "max_batch_size": config.max_batch_size, "session_len": config.session_len,
         "max_prefill_tokens": config.max_prefill_tokens, "extra_flags": " ".join(config.extra_flags),
-        "simulated_backend": config.simulated_backend.value if config.simulated_backend else None,
+        "simulated_backend": config.simulated_backend,
     }
 
 

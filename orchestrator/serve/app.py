@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from orchestrator.config import SHARED_GPU_HEADROOM, Backend, EngineConfig, gpus_needed
+from orchestrator.config import SHARED_GPU_HEADROOM, EngineConfig, gpus_needed
 from orchestrator.errors import ConfigError
 from orchestrator.raycompat import with_deployment_version
 from orchestrator.serve.protocol import DEFAULT_MAX_BODY_BYTES
@@ -154,7 +154,7 @@ class EngineOptions(_Args):
         simulated engine uses a fraction of a core, an LMDeploy host process keeps one busy)."""
         if self.num_cpus is not None:
             return self.num_cpus
-        return SIM_ENGINE_CPUS if config.backend is Backend.SIM else 1.0
+        return SIM_ENGINE_CPUS if config.simulated else 1.0
 
     @model_validator(mode="after")
     def _probe_fits(self) -> EngineOptions:
@@ -331,7 +331,7 @@ def check_shared_gpu(table: RoutingTable) -> None:
     wide = sorted(k for k in budget.shared if configs[k].tp != 1)
     if wide:
         raise ConfigError(f"only tp=1 engines can share a GPU; the table's plan shares one with {wide}")
-    real = {k: configs[k] for k in budget.shared if configs[k].backend is not Backend.SIM}
+    real = {k: configs[k] for k in budget.shared if not configs[k].simulated}
     reserved = {k: c.gpu_request(share_gpu=True) for k, c in real.items()}
     if sum(reserved.values()) > 1.0 + 1e-9:
         each = " + ".join(f"{real[k].label()} {r:g}" for k, r in sorted(reserved.items()))
@@ -378,7 +378,7 @@ def check_resources(args: AppArgs, table: RoutingTable, cluster: Mapping[str, fl
     have_gpus = float(cluster.get("GPU", 0.0))
     placed = gpus_needed(gpu_requests(args, table))
     if placed > have_gpus + 1e-9:
-        shareable = any(c.tp == 1 and c.backend is not Backend.SIM for c in table.distinct_configs().values())
+        shareable = any(c.tp == 1 and not c.simulated for c in table.distinct_configs().values())
         raise ConfigError(
             f"the app reserves {need['GPU']:g} GPUs with every deployment at its minimum replica count"
             + (f", {placed} once placed (a replica's share of a GPU cannot span two GPUs)"
@@ -479,13 +479,13 @@ def build_app(
         kwargs = {
             "served_model_name": served,
             "log_dir": opts.log_dir,
-            "sim_time_scale": args.sim_time_scale if cfg.backend is Backend.SIM else None,
+            "sim_time_scale": args.sim_time_scale if cfg.simulated else None,
             "ready_timeout_s": opts.ready_timeout_s,
             "health_timeout_s": opts.health_timeout_s,
             "metrics_poll_s": opts.metrics_poll_s,
             "accept_length_low_threshold": opts.accept_length_low_threshold,
         }
-        if cfg.backend is Backend.SIM and (shared := simulated_shared_gpu(table, key)) is not None:
+        if cfg.simulated and (shared := simulated_shared_gpu(table, key)) is not None:
             kwargs["sim_shared_gpu"] = shared
         scaling = scaling_for(args, table, key)
         deployment = serve.deployment(EngineReplica).options(

@@ -21,6 +21,8 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from orchestrator.backends import MetricNames
+from orchestrator.backends.lmdeploy import LMDEPLOY_METRICS
 from orchestrator.serve.policy import requested_max_tokens
 from orchestrator.spec_counting import ACCEPTED_TOKENS, DRAFT_TOKENS, DRAFTS, accept_length_of, estimate_tokens_per_step
 
@@ -36,8 +38,8 @@ __all__ = [
     "parse_prometheus_text",
 ]
 
-RUNNING = "lmdeploy:num_requests_running"
-WAITING = "lmdeploy:num_requests_waiting"
+RUNNING = LMDEPLOY_METRICS.running
+WAITING = LMDEPLOY_METRICS.waiting
 
 ESTIMATE_WINDOW_S = 60.0
 """How far back the live tokens-per-step estimate looks (:class:`AcceptLengthTracker`)."""
@@ -134,6 +136,8 @@ class AcceptLengthTracker:
     num_draft_tokens: int
     window: int
     """Scrape intervals the estimate spans; :meth:`for_poll` makes it :data:`ESTIMATE_WINDOW_S` worth."""
+    names: MetricNames = LMDEPLOY_METRICS
+    """The engine's counter names (its backend's :class:`~orchestrator.backends.MetricNames`)."""
     accept_length: float | None = field(default=None, init=False)
     tokens_per_step_estimate: float | None = field(default=None, init=False)
     outputs_per_request: float | None = field(default=None, init=False)
@@ -146,17 +150,19 @@ class AcceptLengthTracker:
             raise ValueError(f"window={self.window}; allowed: >= 1 scrape interval")
 
     @classmethod
-    def for_poll(cls, num_draft_tokens: int, poll_s: float) -> AcceptLengthTracker:
+    def for_poll(cls, num_draft_tokens: int, poll_s: float,
+                 names: MetricNames = LMDEPLOY_METRICS) -> AcceptLengthTracker:
         """A tracker whose estimate spans :data:`ESTIMATE_WINDOW_S` of scrapes ``poll_s`` apart."""
-        return cls(num_draft_tokens, window=max(1, round(ESTIMATE_WINDOW_S / poll_s)))
+        return cls(num_draft_tokens, window=max(1, round(ESTIMATE_WINDOW_S / poll_s)), names=names)
 
     def update(self, samples: Mapping[str, float], sequences: int) -> float | None:
         """Take one scrape (``samples``, :func:`parse_prometheus_text`) and the replica's running total
         of ended sequences that could draft (:func:`drafting_sequences`); returns the counted accept
         length (also :attr:`accept_length`)."""
-        if self.num_draft_tokens <= 0 or ACCEPTED_TOKENS not in samples or DRAFT_TOKENS not in samples:
+        n = self.names
+        if self.num_draft_tokens <= 0 or n.accepted_tokens not in samples or n.draft_tokens not in samples:
             return self.accept_length
-        now = _Scrape(samples[ACCEPTED_TOKENS], samples[DRAFT_TOKENS], samples.get(DRAFTS), int(sequences))
+        now = _Scrape(samples[n.accepted_tokens], samples[n.draft_tokens], samples.get(n.drafts), int(sequences))
         if self._scrapes and not _ahead(now, self._scrapes[-1]):
             self._scrapes.clear()  # counters reset: a new baseline
         self._scrapes.append(now)
@@ -256,8 +262,8 @@ class EngineMetrics:
             "warning threshold, else 0.",
             tag_keys=("engine",),
         )
-        self.running = Gauge("mtp_engine_requests_running", "lmdeploy:num_requests_running.", tag_keys=("engine",))
-        self.waiting = Gauge("mtp_engine_requests_waiting", "lmdeploy:num_requests_waiting.", tag_keys=("engine",))
+        self.running = Gauge("mtp_engine_requests_running", "The engine's own running-requests gauge (lmdeploy:, vllm:num_requests_running).", tag_keys=("engine",))
+        self.waiting = Gauge("mtp_engine_requests_waiting", "The engine's own waiting-requests gauge (lmdeploy:, vllm:num_requests_waiting).", tag_keys=("engine",))
         self.scrape_errors = Gauge(
             "mtp_engine_metrics_scrape_ok", "1 when the last scrape of the engine's /metrics succeeded.",
             tag_keys=("engine",),

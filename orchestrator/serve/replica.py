@@ -43,18 +43,16 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import Backend, EngineConfig
+from orchestrator.config import EngineConfig
 from orchestrator.errors import EngineDiedError, EngineNotReadyError, OrchestratorError
-from orchestrator.sim.gpu_share import SHARED_GPU_ENV
-from orchestrator.sim.server import SIM_HEADER
 from orchestrator.serve.metrics import (
-    RUNNING,
-    WAITING,
     AcceptLengthTracker,
     EngineMetrics,
     drafting_sequences,
     parse_prometheus_text,
 )
+from orchestrator.sim.gpu_share import SHARED_GPU_ENV
+from orchestrator.sim.server import SIM_HEADER
 
 __all__ = ["EngineReplica", "EngineUnavailableError", "default_log_dir"]
 
@@ -150,7 +148,7 @@ class EngineReplica:
         self.config = EngineConfig.from_dict(config)
         self.key = self.config.key()
         gpus: list[int] | None = None
-        if self.config.backend is not Backend.SIM:
+        if not self.config.simulated:
             ids = ray.get_gpu_ids()
             if len(ids) != self.config.tp:
                 raise EngineNotReadyError(
@@ -168,8 +166,8 @@ class EngineReplica:
             log_dir=Path(log_dir or default_log_dir()),
             ready_timeout_s=ready_timeout_s,
             served_model_name=served_model_name,
-            sim_time_scale=sim_time_scale if self.config.backend is Backend.SIM else None,
-            env={SHARED_GPU_ENV: sim_shared_gpu} if sim_shared_gpu and self.config.backend is Backend.SIM else None,
+            sim_time_scale=sim_time_scale if self.config.simulated else None,
+            env={SHARED_GPU_ENV: sim_shared_gpu} if sim_shared_gpu and self.config.simulated else None,
         )
         self.engine.start()
         try:
@@ -181,7 +179,8 @@ class EngineReplica:
         self._reaper = _spawn_reaper(os.getpid(), self.engine.pid)
         self._session: Any = None
         self._poller: asyncio.Task[None] | None = None
-        self._accept = AcceptLengthTracker.for_poll(self.config.num_draft_tokens, self._metrics_poll_s)
+        self._names = self.config.engine.metrics_for(self.config)
+        self._accept = AcceptLengthTracker.for_poll(self.config.num_draft_tokens, self._metrics_poll_s, self._names)
         # Sequences that could draft, of requests the engine answered (ended or cut off): the tracker's divisor.
         self._sequences_answered = 0
         self._metrics_scrapes = 0  # successful scrapes of the engine's /metrics
@@ -242,7 +241,7 @@ class EngineReplica:
         """The simulated engine's ``GET /sim/info`` (time scale, profile, counters); ``None`` for a real
         engine. The router answers its own ``/sim/info`` from these, so clients benchmarking through
         it know the figures are simulated and how to scale them."""
-        if self.config.backend is not Backend.SIM:
+        if not self.config.simulated:
             return None
         async with self._session.get(self.engine.base_url + "/sim/info") as resp:
             resp.raise_for_status()
@@ -324,10 +323,10 @@ class EngineReplica:
                 samples = parse_prometheus_text(text)
                 self._last_samples = samples
                 m.scrape_errors.set(1, tags=tags)
-                if RUNNING in samples:
-                    m.running.set(samples[RUNNING], tags=tags)
-                if WAITING in samples:
-                    m.waiting.set(samples[WAITING], tags=tags)
+                if self._names.running in samples:
+                    m.running.set(samples[self._names.running], tags=tags)
+                if self._names.waiting in samples:
+                    m.waiting.set(samples[self._names.waiting], tags=tags)
                 value = self._accept.update(samples, self._sequences_answered)
                 if value is not None:
                     m.accept_length.set(value, tags=tags)

@@ -40,7 +40,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from orchestrator.config import Backend
 from orchestrator.raycompat import stream_handle
 from orchestrator.serve.policy import NoHealthyDeploymentError, RouteDecision, choose_route
 from orchestrator.serve.protocol import DEFAULT_MAX_BODY_BYTES, ApiError, ParsedRequest, encode_body, parse_request
@@ -204,7 +203,7 @@ class Router:
         self._handles = dict(engines)
         self._streams = {name: _stream_handle(h, self.spec.engine_transport) for name, h in engines.items()}
         # Simulated engines are labelled as such on every path (responses, /v1/models, /sim/info).
-        self._all_simulated = all(c.backend is Backend.SIM for c in table.distinct_configs().values())
+        self._all_simulated = all(c.simulated for c in table.distinct_configs().values())
         self._names = frozenset(self.spec.served_model_names)
         self._key_hashes = tuple(bytes.fromhex(h) for h in self.spec.api_key_sha256)
         self._in_flight: collections.Counter[str] = collections.Counter()

@@ -1,4 +1,6 @@
-"""``python -m orchestrator.sim``: run the simulated engine (flags as LMDeploy's ``serve api_server``).
+"""``python -m orchestrator.sim``: run the simulated engine. It takes the flags of the engine it stands in
+for: LMDeploy's ``serve api_server`` names, or with ``--backend vllm`` vLLM's ``serve`` names (so the
+command a vLLM config renders is the one tested), and serves that engine's metric names.
 
 Exit codes: 0 clean stop; 1 out of memory at start (real or ``--fault oom-at-start``); 2 bad flags
 or profile (speculation with ``--backend turbomind`` included: EngineConfig refuses it too); 3 ``--fault
@@ -9,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import logging
 import os
 import signal
@@ -46,12 +49,75 @@ def _fault(value: str) -> str:
     return value
 
 
+_VLLM_MTP_METHODS = ("mtp", "qwen3_5_mtp")  # vLLM rewrites the second to the first
+
+
+def _speculative_config(value: str) -> dict:
+    """vLLM's ``--speculative-config`` as the simulator understands it: MTP with N draft tokens."""
+    try:
+        spec = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"--speculative-config is not JSON ({exc}): {value!r}") from None
+    if not isinstance(spec, dict) or spec.get("method") not in _VLLM_MTP_METHODS:
+        raise argparse.ArgumentTypeError(f"--speculative-config must set method to one of {list(_VLLM_MTP_METHODS)} "
+                                         f"(the simulator has MTP only), got {value!r}")
+    n = spec.get("num_speculative_tokens")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise argparse.ArgumentTypeError(f"--speculative-config needs num_speculative_tokens >= 1, got {value!r}")
+    unknown = sorted(set(spec) - {"method", "num_speculative_tokens", "num_speculative_tokens_per_batch_size"})
+    if unknown:
+        raise argparse.ArgumentTypeError(f"--speculative-config keys {unknown} are not simulated; the simulator takes "
+                                         "method, num_speculative_tokens, num_speculative_tokens_per_batch_size")
+    if "num_speculative_tokens_per_batch_size" in spec:
+        from orchestrator.backends.vllm import check_draft_schedule
+        from orchestrator.errors import ConfigError
+
+        try:
+            spec["num_speculative_tokens_per_batch_size"] = check_draft_schedule(
+                spec["num_speculative_tokens_per_batch_size"], n)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(f"--speculative-config: {exc}") from None
+    return spec
+
+
+_VLLM_DESTS = ("tensor_parallel_size", "gpu_memory_utilization", "max_num_seqs", "max_model_len",
+               "max_num_batched_tokens", "generation_config", "speculative_config")
+_LMDEPLOY_DESTS = {"tp": None, "cache_max_entry_count": 0.8, "max_batch_size": None, "session_len": None,
+                   "max_prefill_token_num": 8192, "speculative_algorithm": None,
+                   "speculative_num_draft_tokens": None}
+
+
+def _engine_settings(args: argparse.Namespace) -> argparse.Namespace:
+    """The LMDeploy-named settings the model takes, from the flags of the engine simulated. Mixing the
+    two engines' names is an error: a simulated engine takes only what its engine would."""
+    given_vllm = [d for d in _VLLM_DESTS if getattr(args, d) is not None]
+    if args.backend != "vllm":
+        if given_vllm:
+            raise ValueError(f"vLLM flags {['--' + d.replace('_', '-') for d in given_vllm]} need --backend vllm")
+        return argparse.Namespace(**vars(args), draft_schedule=None)
+    given_lmdeploy = [d for d, default in _LMDEPLOY_DESTS.items() if getattr(args, d) != default]
+    if given_lmdeploy:
+        raise ValueError(f"--backend vllm takes vLLM's flag names, not LMDeploy's "
+                         f"{['--' + d.replace('_', '-') for d in given_lmdeploy]}")
+    spec = args.speculative_config
+    return argparse.Namespace(**{
+        **vars(args), "tp": args.tensor_parallel_size,
+        "cache_max_entry_count": args.gpu_memory_utilization if args.gpu_memory_utilization is not None else 0.9,
+        "max_batch_size": args.max_num_seqs, "session_len": args.max_model_len,
+        "max_prefill_token_num": args.max_num_batched_tokens or 8192,
+        "speculative_algorithm": "qwen3_5_mtp" if spec else None,
+        "speculative_num_draft_tokens": spec["num_speculative_tokens"] if spec else None,
+        "draft_schedule": (spec or {}).get("num_speculative_tokens_per_batch_size"),
+    })
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m orchestrator.sim", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", default=DEFAULT_PROFILE, help="profile name (orchestrator/sim/profiles) or JSON path")
     p.add_argument("--backend", default="pytorch", choices=SIM_BACKENDS,
-                   help="the LMDeploy engine simulated (the profile's constants for it; turbomind: no speculation)")
+                   help="the engine simulated (the profile's constants for it; turbomind: no speculation; vllm: "
+                   "vLLM's flag and metric names)")
     p.add_argument("--server-name", default="127.0.0.1")
     p.add_argument("--server-port", type=int, default=23333)
     p.add_argument("--model-name", default=None, help="served model name (default: the profile name)")
@@ -62,6 +128,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-prefill-token-num", type=int, default=8192)
     p.add_argument("--speculative-algorithm", default=None, choices=["qwen3_5_mtp"])
     p.add_argument("--speculative-num-draft-tokens", type=int, default=None)
+    v = p.add_argument_group("vLLM's names of the same settings (--backend vllm only)")
+    v.add_argument("--tensor-parallel-size", type=int, default=None)
+    v.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="vLLM's share of the whole GPU; simulated as the KV share of the memory left after the "
+                   "weights, as --cache-max-entry-count (a simplification: the same figure gives vLLM less KV)")
+    v.add_argument("--max-num-seqs", type=int, default=None)
+    v.add_argument("--max-model-len", type=int, default=None)
+    v.add_argument("--max-num-batched-tokens", type=int, default=None)
+    v.add_argument("--generation-config", default=None, choices=["vllm"],
+                   help="only 'vllm' (vLLM's own sampling defaults) is simulated")
+    v.add_argument("--speculative-config", type=_speculative_config, default=None,
+                   help='JSON, e.g. {"method": "mtp", "num_speculative_tokens": 3}')
     p.add_argument("--time-scale", type=float, default=1.0, help="simulated seconds per wall second")
     p.add_argument("--fault", type=_fault, default="none")
     p.add_argument("--seed", type=int, default=0)
@@ -84,6 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        args = _engine_settings(args)
+    except ValueError as exc:
+        print(f"python -m orchestrator.sim: error: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stdout,
                         format="%(asctime)s %(levelname)s sim: %(message)s")
     if args.time_scale <= 0:
@@ -108,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         params = EngineParams(tp=args.tp or profile.num_gpus, num_draft_tokens=n_draft,
                               memory_fraction=args.cache_max_entry_count, max_batch_size=args.max_batch_size,
                               session_len=args.session_len, max_prefill_tokens=args.max_prefill_token_num,
-                              backend=args.backend)
+                              backend=args.backend,
+                              draft_schedule=args.draft_schedule)
         from orchestrator.sim.server import SimEngine  # aiohttp import only when serving
 
         asyncio.set_event_loop(loop := asyncio.new_event_loop())

@@ -81,7 +81,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config import TURBOMIND_HAS_NO_SPECULATION
-from orchestrator.errors import OrchestratorError
+from orchestrator.errors import ConfigError, OrchestratorError
 
 __all__ = [
     "BACKEND_CONSTANTS",
@@ -105,8 +105,9 @@ DEFAULT_PROFILE = "intern-s2-preview-8xh200"
 _PROFILE_SECTIONS = ("architecture", "mtp", "hardware", "fitted", "acceptance")
 _POS_BIN = 16  # acceptance tables are tabulated every 16 output positions (smooth in position)
 
-SIM_BACKENDS = ("pytorch", "turbomind")
-"""The LMDeploy engines a profile can describe: its own constants are the PyTorch engine's."""
+SIM_BACKENDS = ("pytorch", "turbomind", "vllm")
+"""The engines a profile can describe: its own constants are LMDeploy's PyTorch engine's; a section
+named after another engine holds that engine's constants."""
 
 SAMPLING_CONSTANTS = ("sampling_overhead_ms",)
 """A profile's sampling-cost constants (module docstring): non-negative, default 0 (no cost)."""
@@ -114,7 +115,7 @@ SAMPLING_CONSTANTS = ("sampling_overhead_ms",)
 BACKEND_CONSTANTS = ("eff_bandwidth", "eff_decode_flops", "eff_prefill_flops", "decode_overhead_ms",
                      "decode_overhead_per_seq_ms", "prefill_overhead_ms", "prefill_overhead_per_token_us",
                      "host_overlap", *SAMPLING_CONSTANTS)
-"""Constants a profile's ``turbomind`` section may set (one it leaves out is the PyTorch engine's);
+"""Constants a profile's ``turbomind`` or ``vllm`` section may set (one it leaves out is the PyTorch engine's);
 everything else (architecture, memory, acceptance) is the model's and the GPU's, the same under either
 engine. The sampling constants are among them: TurboMind samples with its own kernels."""
 
@@ -315,11 +316,25 @@ class EngineParams:
     session_len: int | None = None
     max_prefill_tokens: int = 8192
     backend: str = "pytorch"
-    """The LMDeploy engine simulated: ``pytorch`` or ``turbomind`` (no speculation)."""
+    """The engine simulated: ``pytorch``, ``turbomind`` (no speculation) or ``vllm``."""
+    draft_schedule: tuple[tuple[int, int, int], ...] | None = None
+    """vLLM's draft length per batch size (``num_speculative_tokens_per_batch_size``): each decode step
+    drafts the length of the range its batch size falls in (0: no drafting); ``num_draft_tokens`` is the
+    longest, which sizes memory as vLLM's buffers do."""
 
     def __post_init__(self) -> None:
         if self.backend not in SIM_BACKENDS:
             raise SimModelError(f"backend={self.backend!r}; allowed: {list(SIM_BACKENDS)}")
+        if self.draft_schedule is not None:
+            from orchestrator.backends.vllm import check_draft_schedule
+
+            if self.backend != "vllm":
+                raise SimModelError(f"a draft schedule needs backend vllm, not {self.backend!r}")
+            try:
+                object.__setattr__(self, "draft_schedule", check_draft_schedule(self.draft_schedule,
+                                                                                self.num_draft_tokens))
+            except ConfigError as exc:
+                raise SimModelError(str(exc)) from None
         if self.backend == "turbomind" and self.num_draft_tokens:
             raise SimModelError(f"speculative decoding with backend turbomind: {TURBOMIND_HAS_NO_SPECULATION}")
         if not (isinstance(self.tp, int) and self.tp >= 1):
@@ -404,6 +419,25 @@ def emission_schedule(profile: Profile, num_draft_tokens: int, temperature: floa
     return out
 
 
+def draw_emission(profile: Profile, num_draft_tokens: int, temperature: float, pos: int, remaining: int,
+                  rng: Any) -> int:
+    """Tokens one decode step emits for a sequence at output position ``pos`` drafting ``num_draft_tokens``
+    (``1 + accepted``, capped at ``remaining``): one step of :func:`emission_schedule`, drawn when the
+    step runs, for an engine whose draft length changes with the batch (a draft schedule)."""
+    if num_draft_tokens == 0 or remaining <= 1:
+        return min(1, remaining)
+    table = _accept_table(profile, num_draft_tokens, round(float(temperature), 3))
+    row = table[min(pos // _POS_BIN, len(table) - 1)]
+    v = rng.random()
+    a = 0
+    for c in row:
+        if v < c:
+            a += 1
+        else:
+            break
+    return min(a + 1, remaining)
+
+
 def expected_accept_length(profile: Profile, num_draft_tokens: int, temperature: float, output_len: int,
                            range_ratio: float = 0.5) -> float:
     """Analytic accept length (1 + accepted/drafts) for the random dataset's output-length bucket.
@@ -486,6 +520,14 @@ class PerformanceModel:
         return capacity
 
     # ----- step times (seconds) ---------------------------------------------------------------
+    def draft_tokens_at(self, num_seqs: int) -> int:
+        """Tokens each sequence drafts in a decode step of ``num_seqs`` sequences: the draft schedule's
+        range for that batch size (past its last range: the last one's), else ``num_draft_tokens``."""
+        schedule = self.params.draft_schedule
+        if schedule is None:
+            return self.n_draft
+        return next((k for lo, hi, k in schedule if lo <= num_seqs <= hi), schedule[-1][2])
+
     def _coverage(self, independent_tokens: float) -> float:
         return 1.0 - self.route_miss ** (independent_tokens * self.profile.routing_spread)
 
@@ -510,10 +552,11 @@ class PerformanceModel:
             raise SimModelError(f"num_sampled={num_sampled!r}; allowed: an integer in 0..num_seqs ({num_seqs})")
         if num_seqs == 0:
             return 0.0, 0.0, 0.0
-        gpu, host = self._decode_main_parts(num_seqs, total_context)
+        n = self.draft_tokens_at(num_seqs)
+        gpu, host = self._decode_main_parts(num_seqs, total_context, n)
         total = gpu + host
-        if self.n_draft:
-            n, verify = self.n_draft, self.profile.mtp_verify_overhead_ms / 1e3
+        if n:
+            verify = self.profile.mtp_verify_overhead_ms / 1e3
             draft_gpu, draft_host = self._draft_parts(num_seqs, total_context)
             total += verify + n * (draft_gpu + draft_host)
             gpu += n * draft_gpu
@@ -524,9 +567,10 @@ class PerformanceModel:
             host += sample
         return total, gpu, host
 
-    def _decode_main_parts(self, num_seqs: int, total_context: int) -> tuple[float, float]:
-        """The target model's forward of a decode step: (GPU seconds, host seconds)."""
-        pr, n = self.profile, self.n_draft
+    def _decode_main_parts(self, num_seqs: int, total_context: int, n: int) -> tuple[float, float]:
+        """The target model's forward of a decode step verifying ``n`` drafts per sequence: (GPU seconds,
+        host seconds)."""
+        pr = self.profile
         tokens = num_seqs * (n + 1)
         routed = num_seqs * (1 + n * pr.verify_route_novelty)
         weight_bytes = (pr.dense_params_b + pr.expert_params_b * self._coverage(routed)) * 1e9 * self.bpp

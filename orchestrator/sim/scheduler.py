@@ -25,7 +25,14 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.sim.model import EngineParams, PerformanceModel, Profile, emission_schedule, load_profile
+from orchestrator.sim.model import (
+    EngineParams,
+    PerformanceModel,
+    Profile,
+    draw_emission,
+    emission_schedule,
+    load_profile,
+)
 
 __all__ = ["SimRequest", "StepResult", "Scheduler", "SimSummary", "simulate_workload", "make_request"]
 
@@ -49,6 +56,8 @@ class SimRequest:
     finish_time: float | None = None
     payload: Any = None  # the server's per-request delivery queue
     sampled: bool = False  # temperature > 0: its decode steps take the engine's sampling path
+    temperature: float = 0.0
+    rng: Any = None  # an engine with a draft schedule draws each step's acceptance when the step runs
 
     def __post_init__(self) -> None:
         self.prefill_remaining = self.prompt_tokens
@@ -62,6 +71,9 @@ def make_request(model: PerformanceModel, request_id: str, prompt_tokens: int, m
     num_tokens = max(1, int(max_tokens))
     if not ignore_eos and model.profile.eos_prob_per_token > 0:
         num_tokens = min(num_tokens, int(rng.geometric(model.profile.eos_prob_per_token)))
+    if model.params.draft_schedule is not None:  # the draft length is known only when each step runs
+        return SimRequest(request_id, max(1, int(prompt_tokens)), num_tokens, [], arrival_time,
+                          sampled=float(temperature) > 0.0, temperature=float(temperature), rng=rng)
     schedule = emission_schedule(model.profile, model.n_draft, temperature, num_tokens, rng)
     return SimRequest(request_id, max(1, int(prompt_tokens)), num_tokens, schedule, arrival_time,
                       sampled=float(temperature) > 0.0)
@@ -161,12 +173,14 @@ class Scheduler:
         end = now + duration
         result = StepResult(duration, [], prefill_tokens=prefill_tokens, decode_seqs=n_seqs)
         emissions = result.emissions
-        n_draft = model.n_draft
+        n_draft = model.draft_tokens_at(n_seqs)
+        scheduled = model.params.draft_schedule is not None
         if n_seqs:
             still: list[SimRequest] = []
             added = 0
             for req in self.decoding:
-                e = req.schedule[req.step_index]
+                e = draw_emission(model.profile, n_draft, req.temperature, req.generated, req.num_tokens - req.generated,
+                                  req.rng) if scheduled else req.schedule[req.step_index]
                 req.step_index += 1
                 req.generated += e
                 req.context += e

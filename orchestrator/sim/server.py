@@ -25,8 +25,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from orchestrator.backends import get_backend
 from orchestrator.errors import OrchestratorError
-from orchestrator.config import API_DEFAULT_TEMPERATURE, Backend
 from orchestrator.ports import host_boot_id
 from orchestrator.sim import textmodel, tokenizer
 from orchestrator.sim.gpu_share import SharedGpu
@@ -320,23 +320,23 @@ class SimEngine:
 
 
 class _MetricsCollector:
-    """Exact LMDeploy metric names (with ':'), which prometheus_client's Counter API can't spell."""
+    """The metric names of the engine simulated (its backend's, with ':'), which prometheus_client's
+    Counter API can't spell."""
 
     def __init__(self, engine: SimEngine) -> None:
         self.engine = engine
+        self.names = get_backend(engine.params.backend).metrics
 
     def collect(self):  # noqa: ANN201 (prometheus_client protocol)
-        e, c = self.engine, self.engine.counters
-        yield CounterMetricFamily("lmdeploy:spec_decode_num_drafts", "Number of sequence-steps that drafted tokens.",
+        e, c, n = self.engine, self.engine.counters, self.names
+        yield CounterMetricFamily(n.family(n.drafts), "Number of sequence-steps that drafted tokens.",
                                   value=c["drafts"])
-        yield CounterMetricFamily("lmdeploy:spec_decode_num_draft_tokens", "Number of draft tokens proposed.",
+        yield CounterMetricFamily(n.family(n.draft_tokens), "Number of draft tokens proposed.",
                                   value=c["draft_tokens"])
-        yield CounterMetricFamily("lmdeploy:spec_decode_num_accepted_tokens", "Number of draft tokens accepted.",
+        yield CounterMetricFamily(n.family(n.accepted_tokens), "Number of draft tokens accepted.",
                                   value=c["accepted"])
-        yield GaugeMetricFamily("lmdeploy:num_requests_running", "Requests being prefilled or decoded.",
-                                value=e.scheduler.num_running)
-        yield GaugeMetricFamily("lmdeploy:num_requests_waiting", "Requests waiting for admission.",
-                                value=e.scheduler.num_waiting)
+        yield GaugeMetricFamily(n.running, "Requests being prefilled or decoded.", value=e.scheduler.num_running)
+        yield GaugeMetricFamily(n.waiting, "Requests waiting for admission.", value=e.scheduler.num_waiting)
         yield GaugeMetricFamily("sim_time_scale", "Simulated seconds per wall second.", value=e.time_scale)
         yield GaugeMetricFamily("sim_simulated_time_seconds", "Simulated seconds since start.", value=e.now())
         yield CounterMetricFamily("sim_generation_tokens", "Generated tokens.", value=c["generation_tokens"])
@@ -423,7 +423,7 @@ def _parse(body: Any, engine: SimEngine, chat: bool) -> dict[str, Any]:
         raise OpenAIError(
             f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds the session length "
             f"{session_len}; lower max_tokens", param="max_tokens", code="context_length_exceeded")
-    temperature = float(_field(body, "temperature", (int, float), API_DEFAULT_TEMPERATURE[Backend.SIM]))
+    temperature = float(_field(body, "temperature", (int, float), get_backend("sim").default_temperature))
     if not 0.0 <= temperature <= 2.0:
         raise OpenAIError(f"'temperature' must be in [0, 2], got {temperature}", param="temperature")
     stream_options = _field(body, "stream_options", (dict,), {}) or {}

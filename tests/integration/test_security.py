@@ -200,7 +200,7 @@ def test_engines_listen_on_loopback_only(cluster: Cluster, listening):
 
 def test_trust_remote_code_only_when_asked():
     for backend in Backend:
-        cfg = EngineConfig(backend=backend, model=MODEL if backend is Backend.SIM else "/models/m", tp=2)
+        cfg = EngineConfig(backend=backend, model=MODEL if backend == Backend.SIM else "/models/m", tp=2)
         for argv in (cfg.command(host="127.0.0.1", port=1), engine_argv(cfg, host="127.0.0.1", port=1)):
             assert not [a for a in argv if "trust" in a.replace("_", "-").lower()], (backend, argv)
         assert cfg.command(host="127.0.0.1", port=1)[cfg.command(host="127.0.0.1", port=1).index("--server-name") + 1] \

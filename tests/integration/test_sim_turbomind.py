@@ -53,7 +53,7 @@ def test_a_sweep_measures_turbomind_and_commits_it_where_it_wins(tmp_path):
 
     table = routing.load(Path(spec.run_dir) / "routing_table.json")
     chosen = table.bucket("le256").engine_config()
-    assert chosen.engine_backend is Backend.TURBOMIND and not chosen.speculative
+    assert chosen.engine_name == Backend.TURBOMIND and not chosen.speculative
     assert table.bucket("le256").gains["mtp_off"] > 1.5
     argv = chosen.command(host="127.0.0.1", port=1)
     assert argv[argv.index("--backend") + 1] == "turbomind"

@@ -22,7 +22,7 @@ MTP = dict(backend="pytorch", model="/models/Intern-S2-Preview", tp=8, speculati
 @pytest.mark.parametrize(
     ("field", "value", "allowed"),
     [
-        ("backend", "vllm", "allowed: ['pytorch', 'turbomind', 'sim']"),
+        ("backend", "sglang", "known: ['pytorch', 'sim', 'turbomind', 'vllm']"),
         ("speculative_algorithm", "eagle3", "allowed: ['qwen3_5_mtp'] or None"),
         ("model", "  ", "non-empty"),
         ("tp", 0, "allowed: integers 1..64"),
@@ -123,6 +123,7 @@ def test_pytorch_mtp_command() -> None:
         "--tp", "8", "--cache-max-entry-count", "0.85", "--max-batch-size", "256",
         "--session-len", "32768", "--max-prefill-token-num", "8192",
         "--speculative-algorithm", "qwen3_5_mtp", "--speculative-num-draft-tokens", "3",
+        "--distributed-executor-backend", "mp",  # tp > 1: TP workers stay off Ray (test below)
     ]
 
 
@@ -196,7 +197,7 @@ def test_lmdeploy_api_server_parser_accepts_our_command(config: EngineConfig) ->
     assert argv[:5] == [sys.executable, "-m", "lmdeploy", "serve", "api_server"]
     args = _lmdeploy_parser().parse_args(argv[3:])
     assert args.model_path == config.model
-    assert args.backend == config.backend.value
+    assert args.backend == config.backend
     assert (args.server_name, args.server_port, args.model_name) == ("127.0.0.1", 23333, "served")
     assert args.tp == config.tp
     assert args.cache_max_entry_count == pytest.approx(config.memory_fraction)
@@ -208,5 +209,5 @@ def test_lmdeploy_api_server_parser_accepts_our_command(config: EngineConfig) ->
         assert args.speculative_num_draft_tokens == config.num_draft_tokens
     else:
         assert getattr(args, "speculative_algorithm", None) is None
-    if config.backend is Backend.PYTORCH and config.tp > 1:
+    if config.backend == Backend.PYTORCH and config.tp > 1:
         assert args.distributed_executor_backend == "mp"

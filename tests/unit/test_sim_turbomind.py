@@ -127,8 +127,8 @@ def test_the_sim_space_offers_turbomind_as_a_queued_point_and_the_results_row_ke
                         off_backends=("pytorch", "turbomind")).with_baselines()
     assert [p.role for p in space.points] == [ROLE_MTP_OFF, ROLE_STATIC, ROLE_SEARCH]
     off, _static, turbomind = (space.to_engine_config(p.params) for p in space.points)
-    assert off.backend is Backend.SIM and off.engine_backend is Backend.PYTORCH and off.simulated_backend is None
-    assert turbomind.engine_backend is Backend.TURBOMIND and not turbomind.speculative
+    assert off.backend == Backend.SIM and off.engine_name == Backend.PYTORCH and off.simulated_backend is None
+    assert turbomind.engine_name == Backend.TURBOMIND and not turbomind.speculative
     assert space.split_point(space.points[2].params)[1] == {}  # inside the space: TPE learns from it
     argv = turbomind.command(host="h", port=1)
     assert argv[argv.index("--backend") + 1] == "turbomind" and "--backend" not in off.command(host="h", port=1)
@@ -141,6 +141,6 @@ def test_the_sim_space_offers_turbomind_as_a_queued_point_and_the_results_row_ke
 
 
 def test_a_sim_space_offering_turbomind_needs_a_profile_with_turbomind_constants():
-    with pytest.raises(ConfigError, match="'tiny-qwen35-1xh200' has no TurboMind constants.*--backends pytorch"):
+    with pytest.raises(ConfigError, match="'tiny-qwen35-1xh200' has no turbomind constants.*--backends"):
         SearchSpace(engine="sim", model="tiny-qwen35-1xh200", tp=1, off_backends=("pytorch", "turbomind"))
     assert SearchSpace(engine="sim", model="tiny-qwen35-1xh200", tp=1).off_backends == ("pytorch",)

@@ -35,7 +35,7 @@ def test_draft_knob_is_suggested_only_with_speculation():
         if trial.params["speculative"]:
             seen_on += 1
             assert "num_draft_tokens" in trial.params and "backend" not in trial.params
-            assert space.to_engine_config(trial.params).backend is Backend.PYTORCH
+            assert space.to_engine_config(trial.params).backend == Backend.PYTORCH
         else:
             seen_off += 1
             assert "num_draft_tokens" not in trial.params and "backend" in trial.params
@@ -52,7 +52,7 @@ def test_sim_space_has_no_backend_knob():
         t = study.ask()
         space(t)
         assert "backend" not in t.params
-        assert space.to_engine_config(t.params).backend is Backend.SIM
+        assert space.to_engine_config(t.params).backend == Backend.SIM
         study.tell(t, 0.0)
 
 
@@ -82,7 +82,8 @@ def test_sglang_steps_map_to_lmdeploy_draft_tokens():
         from_sglang(3, 3)
     space = _lmdeploy()
     cfg = space.to_engine_config({"speculative": True, "num_draft_tokens": from_sglang(3, 4)})
-    assert cfg.command(host="h", port=1)[-2:] == ["--speculative-num-draft-tokens", "3"]
+    argv = cfg.command(host="h", port=1)
+    assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "3"
 
 
 def test_baselines_come_first_without_widening_the_searched_space():
@@ -92,7 +93,7 @@ def test_baselines_come_first_without_widening_the_searched_space():
     assert space.num_draft_tokens == (1, 2) and space.memory_fraction == (0.6, 0.7)
     off = space.to_engine_config(space.points[0].params)
     static = space.to_engine_config(space.points[1].params)
-    assert not off.speculative and off.backend is Backend.PYTORCH and off.memory_fraction == 0.8
+    assert not off.speculative and off.backend == Backend.PYTORCH and off.memory_fraction == 0.8
     assert static.speculative and static.num_draft_tokens == 4 and static.memory_fraction == 0.8
     grid_keys = {cfg.key() for _, cfg in space.grid()}
     assert off.key() not in grid_keys and static.key() not in grid_keys
@@ -119,7 +120,7 @@ def test_searcher_never_proposes_a_baseline_value_outside_the_space():
         study.tell(t, 1.0)
     (r0, off), (r1, static) = configs[:2]
     assert (r0, r1) == (ROLE_MTP_OFF, ROLE_STATIC)
-    assert off.backend is Backend.PYTORCH and not off.speculative and off.memory_fraction == 0.8
+    assert off.backend == Backend.PYTORCH and not off.speculative and off.memory_fraction == 0.8
     assert static.num_draft_tokens == 4 and static.memory_fraction == 0.8
     searched = [c for role, c in configs[2:]]
     assert all(role == "search" for role, _ in configs[2:])
@@ -160,8 +161,28 @@ def test_yaml_narrows_and_validates(tmp_path):
         SearchSpace.from_mapping({"num_drafts": [1]}, model="/m")
     with pytest.raises(ConfigError, match="memory_fraction"):
         SearchSpace.from_mapping({"memory_fraction": [1.5]}, model="/m")
-    with pytest.raises(ConfigError, match="turbomind"):
-        SearchSpace.from_mapping({"off_backends": ["vllm"]}, model="/m")
+    with pytest.raises(ConfigError, match=r"off_backends \['sglang'\] invalid; allowed: \['pytorch', 'turbomind', 'vllm'\]"):
+        SearchSpace.from_mapping({"off_backends": ["sglang"]}, model="/m")
+    with pytest.raises(ConfigError, match=r"spec_backends \['turbomind'\] invalid; allowed: the engines that speculate"):
+        SearchSpace.from_mapping({"spec_backends": ["turbomind"]}, model="/m")
+
+
+def test_the_engine_axis_spans_engine_families():
+    """MTP on: PyTorch or vLLM; MTP off: any engine. Every point renders its own engine's command."""
+    space = SearchSpace(model="/m", tp=1, num_draft_tokens=(2, 3), memory_fraction=(0.8,), max_batch_size=(64,),
+                        off_backends=("pytorch", "vllm"), spec_backends=("pytorch", "vllm"))
+    assert space.engines == ("pytorch", "vllm")
+    configs = [cfg for _, cfg in space.grid()]
+    assert {(c.backend, c.speculative) for c in configs} == {("pytorch", True), ("vllm", True), ("pytorch", False),
+                                                             ("vllm", False)}
+    assert len(configs) == 2 * 2 + 2
+    vllm_mtp = space.to_engine_config({"speculative": True, "spec_backend": "vllm", "num_draft_tokens": 3,
+                                       "memory_fraction": 0.8, "max_batch_size": 64})
+    assert "--speculative-config" in vllm_mtp.command(host="h", port=1)
+    sim = space.replace(engine="sim", model="intern-s2-preview-8xh200")
+    assert {c.engine_name for _, c in sim.grid()} == {"pytorch", "vllm"} and all(c.simulated for _, c in sim.grid())
+    with pytest.raises(ConfigError, match="no vllm constants"):
+        space.replace(engine="sim", model="tiny-qwen35-1xh200")
 
 
 def test_buckets_default_names_and_validation():

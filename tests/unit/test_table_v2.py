@@ -66,7 +66,7 @@ def test_version_1_table_loads_unchanged_and_has_no_cells():
 
 def test_v2_written_by_default_and_round_trips(tmp_path):
     committed = table.commit(_v2_table(), tmp_path / "rt.json")
-    assert committed.schema_version == table.SCHEMA_VERSION == 2
+    assert committed.schema_version == table.SCHEMA_VERSION == 3
     again = table.load(tmp_path / "rt.json")
     assert again == committed
     cell = again.bucket("le1024").cells[0]
@@ -119,7 +119,7 @@ def test_cell_for_picks_the_most_specific_cell_reached():
         (lambda d: d.update(sampling_bands=[{"name": "a", "max_temperature": 0.5},
                                             {"name": "a"}]), "unique"),
         (lambda d: d.update(schema_version=1), "need schema_version 2"),
-        (lambda d: d.update(schema_version=3), "schema_version 3 is not supported"),
+        (lambda d: d.update(schema_version=4), "schema_version 4 is not supported"),
     ],
 )
 def test_invalid_v2_tables_are_refused_with_the_field_named(mutate, message):

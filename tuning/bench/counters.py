@@ -10,10 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from orchestrator.backends import spec_counter_names
 from orchestrator.spec_counting import (
-    ACCEPTED_TOKENS,
-    DRAFT_TOKENS,
-    DRAFTS,
     accept_length_of,
     chain_accept_distribution,
     chain_counted_accept_length,
@@ -28,23 +26,24 @@ __all__ = ["SPEC_COUNTER_NAMES", "accept_length_from_counters", "accept_length_l
            "outputs_per_request", "parse_gauge", "parse_spec_counters", "tokens_per_step_from_counters"]
 
 
-SPEC_COUNTER_NAMES: dict[str, str] = {
-    "num_drafts": DRAFTS,
-    "num_draft_tokens": DRAFT_TOKENS,
-    "num_accepted_tokens": ACCEPTED_TOKENS,
+SPEC_COUNTER_NAMES: dict[str, tuple[str, ...]] = {
+    ours: tuple(sorted(sample for sample, name in spec_counter_names().items() if name == ours))
+    for ours in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 }
-"""Our name -> LMDeploy's Prometheus sample name of each speculative-decoding counter."""
+"""Our name -> every engine's Prometheus sample name of that speculative-decoding counter (each engine's
+own: :class:`orchestrator.backends.MetricNames`)."""
 
 
 def parse_spec_counters(metrics_text: str) -> dict[str, float]:
-    """The ``lmdeploy:spec_decode_*`` counters in a Prometheus text page (summed over labels).
+    """The speculative-decoding counters in a Prometheus text page (summed over labels), whichever
+    engine wrote it (``lmdeploy:spec_decode_*``, ``vllm:spec_decode_*``; an engine exposes its own only).
 
     Matches *samples* by name: the parser strips ``_total`` from counter *family* names, but the
     samples keep it.
     """
     from prometheus_client.parser import text_string_to_metric_families
 
-    wanted = {v: k for k, v in SPEC_COUNTER_NAMES.items()}
+    wanted = spec_counter_names()
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(metrics_text):
         for sample in family.samples:

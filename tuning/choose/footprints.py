@@ -9,7 +9,7 @@ placed beside another (it stays on whole GPUs).
 """
 from __future__ import annotations
 
-from orchestrator.config import Backend, EngineConfig
+from orchestrator.config import EngineConfig
 from orchestrator.sim.model import (
     EngineParams,
     PerformanceModel,
@@ -26,14 +26,14 @@ _GB = 1e9
 def footprint_of(config: EngineConfig) -> EngineFootprint | None:
     """``config``'s footprint on one of its GPUs, or ``None`` where it is not known (a real engine, a
     tp > 1 engine, which cannot share a GPU, or a config its simulator refuses, e.g. out of memory)."""
-    if config.backend is not Backend.SIM or config.tp != 1:
+    if not config.simulated or config.tp != 1:
         return None
     try:
         profile = load_profile(config.model)
         params = EngineParams(tp=1, num_draft_tokens=config.num_draft_tokens if config.speculative else 0,
                               memory_fraction=config.memory_fraction, max_batch_size=config.max_batch_size,
                               session_len=config.session_len, max_prefill_tokens=config.max_prefill_tokens,
-                              backend=config.simulated_backend.value if config.simulated_backend else "pytorch")
+                              backend=config.simulated_backend or "pytorch")
         mem = PerformanceModel(profile, params).memory_report()
     except SimModelError:
         return None

@@ -60,7 +60,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--tokenizer", help="tokenizer path for LMDeploy workloads (default: --model)")
     s = p.add_argument_group("search space (narrow/widen the defaults)")
     s.add_argument("--space", help="YAML file with knobs: speculative, num_draft_tokens, memory_fraction, "
-                   "max_batch_size, off_backends (lists, or {low, high, step})")
+                   "max_batch_size, off_backends, spec_backends (lists, or {low, high, step})")
     s.add_argument("--speculative", type=lambda v: [x.strip() for x in v.split(",")],
                    help="MTP switch values, e.g. 'true' or 'false,true'")
     s.add_argument("--num-draft-tokens", type=_int_list, help="LMDeploy draft tokens, e.g. 1,2,3,4 "
@@ -71,7 +71,12 @@ def parser() -> argparse.ArgumentParser:
                         "--share-gpu a small value lets their engines, and a decide phase's fresh ones, start side "
                         "by side")
     s.add_argument("--max-batch-size", type=_int_list, help="--max-batch-size values, e.g. 64,128,256")
-    s.add_argument("--backends", type=lambda v: v.split(","), help="backends tried with MTP off (pytorch,turbomind)")
+    s.add_argument("--backends", type=lambda v: v.split(","),
+                   help=f"engines tried with MTP off, of {', '.join(_engines())} (e.g. pytorch,turbomind,vllm)")
+    s.add_argument("--spec-backends", type=lambda v: v.split(","),
+                   help=f"engines tried with MTP on, of {', '.join(_engines(speculating=True))} (default pytorch; "
+                        "pytorch,vllm measures both engine families and the table may mix them). Without --model "
+                        "the simulator stands in for each")
     w = p.add_argument_group("workloads")
     w.add_argument("--buckets", help="output-length bucket bounds, e.g. 1024,4096,8192,16384")
     w.add_argument("--concurrency", help="concurrency levels per bucket, primary first, e.g. 64,128")
@@ -150,6 +155,13 @@ def parser() -> argparse.ArgumentParser:
 
 def _int_list(v: str) -> list[int]:
     return [int(x) for x in v.split(",") if x.strip()]
+
+
+def _engines(*, speculating: bool = False) -> list[str]:
+    """The registered real engines (:mod:`orchestrator.backends`), for the help text."""
+    from orchestrator.backends import get_backend, known_backends
+
+    return [b for b in known_backends(simulatable=True) if not speculating or get_backend(b).supports_speculation]
 
 
 def _float_list(v: str) -> list[float]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import Backend, EngineConfig
+from orchestrator.config import EngineConfig
 from orchestrator.errors import ConfigError, EngineError, OrchestratorError
 from orchestrator.hostinfo import busy_share, cpu_times
 from tuning.buckets import Bucket
@@ -135,7 +135,7 @@ def measure_config(
     from orchestrator.engine import EngineProcess
 
     tokenizer = plan.load_tokenizer()  # before the engine starts: a bad path costs no engine start
-    is_sim = config.backend is Backend.SIM
+    is_sim = config.simulated
     engine = EngineProcess(config, gpus=None if is_sim else gpus, log_dir=log_dir,
                            ready_timeout_s=plan.ready_timeout_s, sim_time_scale=plan.time_scale if is_sim else None)
     measurements: Measurements = {}
@@ -244,7 +244,7 @@ def measure_buckets(engine: Any, config: EngineConfig, buckets: Sequence[Bucket]
     from tuning.bench import benchmark
 
     steps = measure_steps(buckets, burn_in=plan.burn_in)
-    simulated = config.backend is Backend.SIM
+    simulated = config.simulated
     runs: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
 
     def run_round(rnd: int) -> str:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestrator.backends import get_backend
 from orchestrator.fsutil import utc_now_iso
 from orchestrator.hostinfo import detect_gpus, package_versions
 from orchestrator.table import Provenance
@@ -12,11 +13,24 @@ __all__ = ["provenance_for", "versions"]
 
 
 def versions(spec: SweepSpec) -> dict[str, str]:
-    """The versions that decide the figures: the engine's (LMDeploy, or the simulator's profile), and
-    the sweep's own stack."""
-    out = package_versions((("lmdeploy",) if not spec.simulated else ()) + ("ray", "optuna", "mtp-autotune"))
+    """The versions that decide the figures: the engines' (each engine family of the space, or the
+    simulator's profile), and the sweep's own stack."""
+    engines = () if spec.simulated else tuple(p for e in spec.space.engines if (p := get_backend(e).package))
+    out = package_versions((*dict.fromkeys(engines), "ray", "optuna", "mtp-autotune"))
     if spec.simulated:
         out["engine"] = f"simulator (profile {spec.space.model})"
+    return out
+
+
+def _measured_engine_versions(results: Any) -> dict[str, str]:
+    """``{package: version}`` the trials recorded, per engine measured (its most common version)."""
+    if results is None or "engine_version" not in results.columns or "engine" not in results.columns:
+        return {}
+    out: dict[str, str] = {}
+    for engine, rows in results.groupby("engine"):
+        package = get_backend(str(engine)).package
+        if package and (version := _most_common(rows, "engine_version")):
+            out[package] = version
     return out
 
 
@@ -38,8 +52,9 @@ def provenance_for(spec: SweepSpec, results: Any = None) -> Provenance:
         measured_on = _most_common(results, "gpu_type")
         gpu_type, count = (measured_on, 1) if measured_on else detect_gpus()
         gpu_count = spec.space.tp if count else 0
-        if lmdeploy := _most_common(results, "lmdeploy_version"):
+        if lmdeploy := _most_common(results, "lmdeploy_version"):  # rows from before engine_version
             engine_versions["lmdeploy"] = lmdeploy
+        engine_versions.update(_measured_engine_versions(results))
     return Provenance(
         model=spec.space.model, gpu_type=gpu_type, gpu_count=gpu_count, engine_versions=engine_versions,
         sweep_id=spec.sweep_id, created_at=utc_now_iso(), simulated=spec.simulated,

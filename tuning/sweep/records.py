@@ -57,6 +57,7 @@ class ResultRow:
     engine_key: str | None = None
     engine_label: str | None = None
     backend: str | None = None
+    engine: str | None = None
     model: str | None = None
     tp: int | None = None
     speculative: bool | None = None
@@ -101,11 +102,13 @@ class ResultRow:
     # Only in some rows (left out of the dict when unset, so the results frame has no empty column).
     cached_from_trial: str | None = None
     gpu_type: str | None = None
+    engine_version: str | None = None
     lmdeploy_version: str | None = None
+    """Rows written before ``engine_version``: read, never written."""
     cpu_model: str | None = None
     cpus: int | None = None
 
-    OPTIONAL = ("cached_from_trial", "gpu_type", "lmdeploy_version", "cpu_model", "cpus")
+    OPTIONAL = ("cached_from_trial", "gpu_type", "engine_version", "lmdeploy_version", "cpu_model", "cpus")
 
     @classmethod
     def from_mapping(cls, row: Mapping[str, Any]) -> ResultRow:

@@ -33,6 +33,7 @@ from orchestrator.table import RoutingTable, RoutingTableError
 from tuning.choose.commit import commit_table, table_targets
 from tuning.choose.table import choose_table
 from tuning.results import failed_rows, results_frame, write_results
+from tuning.schedule import schedule_table
 from tuning.sweep.actors import GpuLease, ResultCache
 from tuning.sweep.budget import TimeBudgetSpent, write_budget
 from tuning.sweep.progress import SweepProgress, make_callback
@@ -237,7 +238,7 @@ def run_sweep(
     table = table_path = None
     error = None
     try:
-        table = choose_table(df, spec, provenance_for(spec, df), traffic)
+        table = schedule_table(choose_table(df, spec, provenance_for(spec, df), traffic), df)
         if decided:
             table = table.model_copy(update={"provenance": table.provenance.model_copy(
                 update={"notes": (*table.provenance.notes, decided)})})

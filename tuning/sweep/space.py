@@ -11,9 +11,13 @@ Knobs (one Optuna parameter each):
   (steps=k, draft_tokens=k+1) == LMDeploy num_draft_tokens=k**; see :func:`from_sglang`.
 - ``memory_fraction`` — LMDeploy ``--cache-max-entry-count``.
 - ``max_batch_size``.
-- ``backend`` — only when ``speculative`` is off and more than one backend is allowed (MTP exists
-  only in LMDeploy's PyTorch engine). With the simulator it picks the engine the simulator stands in
-  for (``EngineConfig.simulated_backend``): its profile's PyTorch or TurboMind constants.
+- ``backend`` — the engine with MTP off, only when more than one is allowed (``off_backends``:
+  LMDeploy's ``pytorch`` and ``turbomind``, ``vllm``).
+- ``spec_backend`` — the engine with MTP on, only when more than one is allowed (``spec_backends``: the
+  engines that speculate, ``pytorch`` and ``vllm``). Together the two are the sweep's engine axis: a
+  space holding both engine families measures both, and the table may mix them. With the simulator
+  they pick the engine the simulator stands in for (``EngineConfig.simulated_backend``): its profile's
+  constants for that engine, its flag and metric names.
 
 Every knob is a finite tuple of values, so the space can be enumerated (:meth:`SearchSpace.grid`,
 used by the Optuna-vs-grid benchmark) and two points that render the same engine command are
@@ -42,6 +46,7 @@ from typing import Any
 
 import yaml
 
+from orchestrator.backends import get_backend, known_backends
 from orchestrator.config import (
     MAX_DRAFT_TOKENS,
     Backend,
@@ -72,7 +77,7 @@ STATIC_MEMORY_FRACTION = 0.8
 """The published static recommendation: ``--speculative-algorithm qwen3_5_mtp
 --speculative-num-draft-tokens 4 --cache-max-entry-count 0.8``."""
 
-PARAM_NAMES = ("speculative", "backend", "num_draft_tokens", "memory_fraction", "max_batch_size")
+PARAM_NAMES = ("speculative", "backend", "spec_backend", "num_draft_tokens", "memory_fraction", "max_batch_size")
 
 
 def from_sglang(num_steps: int, num_draft_tokens: int) -> int:
@@ -143,8 +148,11 @@ class SearchSpace:
         num_draft_tokens: LMDeploy draft tokens tried when MTP is on (sglang steps).
         memory_fraction: ``--cache-max-entry-count`` values.
         max_batch_size: ``--max-batch-size`` values.
-        off_backends: backends tried with MTP off, ``pytorch``/``turbomind`` (for ``"sim"``: the engine the
-            simulator stands in for). Default: both for LMDeploy, ``pytorch`` for the simulator.
+        off_backends: engines tried with MTP off, of :func:`orchestrator.backends.known_backends` (for
+            ``"sim"``: the engine the simulator stands in for). Default: ``pytorch`` and ``turbomind``
+            for real engines, ``pytorch`` for the simulator.
+        spec_backends: engines tried with MTP on (those that speculate: ``pytorch``, ``vllm``).
+            Default: ``pytorch``.
         session_len, max_prefill_tokens, extra_flags: fixed for every point.
         baseline_memory_fraction: the baselines' ``--cache-max-entry-count`` (LMDeploy's default, 0.8,
             unless a small model shares a GPU: at 0.8 a baseline's engine takes the GPU alone, so neither it
@@ -160,6 +168,7 @@ class SearchSpace:
     memory_fraction: tuple[float, ...] = (0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9)
     max_batch_size: tuple[int, ...] = (64, 128, 256)
     off_backends: tuple[str, ...] | None = None
+    spec_backends: tuple[str, ...] = ("pytorch",)
     session_len: int | None = None
     max_prefill_tokens: int = 8192
     extra_flags: tuple[str, ...] = ()
@@ -174,7 +183,8 @@ class SearchSpace:
             raise ConfigError("the search space needs a model (checkpoint path, or simulator profile for 'sim')")
         if self.off_backends is None:
             set_("off_backends", ("pytorch",) if self.engine == "sim" else ("pytorch", "turbomind"))
-        for name in ("speculative", "num_draft_tokens", "memory_fraction", "max_batch_size", "off_backends"):
+        for name in ("speculative", "num_draft_tokens", "memory_fraction", "max_batch_size", "off_backends",
+                     "spec_backends"):
             set_(name, _tuple(name, getattr(self, name)))
         spec = tuple(_as_bool(v) for v in self.speculative)
         if not set(spec) <= {False, True}:
@@ -183,14 +193,22 @@ class SearchSpace:
         set_("num_draft_tokens", tuple(sorted(set(int(v) for v in self.num_draft_tokens))))
         set_("memory_fraction", tuple(sorted(set(round(float(v), 4) for v in self.memory_fraction))))
         set_("max_batch_size", tuple(sorted(set(int(v) for v in self.max_batch_size))))
+        real = known_backends(simulatable=True)
         backs = tuple(dict.fromkeys(str(b) for b in self.off_backends))
-        bad = [b for b in backs if b not in ("pytorch", "turbomind")]
+        bad = [b for b in backs if b not in real]
         if bad:
-            raise ConfigError(f"off_backends {bad} invalid; allowed: 'pytorch', 'turbomind' (for the simulator: "
-                              "the engine it stands in for)")
+            raise ConfigError(f"off_backends {bad} invalid; allowed: {real} (for the simulator: the engine it "
+                              "stands in for)")
         set_("off_backends", backs)
-        if self.engine == "sim" and "turbomind" in backs:
-            _require_turbomind_constants(self.model)
+        specs = tuple(dict.fromkeys(str(b) for b in self.spec_backends))
+        speculating = [b for b in real if get_backend(b).supports_speculation]
+        bad = [b for b in specs if b not in speculating]
+        if bad:
+            raise ConfigError(f"spec_backends {bad} invalid; allowed: the engines that speculate, {speculating}")
+        set_("spec_backends", specs)
+        if self.engine == "sim":
+            for name in self.engines:
+                _require_sim_constants(self.model, name)
         set_("extra_flags", tuple(self.extra_flags))
         try:
             set_("baseline_memory_fraction", round(float(self.baseline_memory_fraction), 4))
@@ -204,6 +222,13 @@ class SearchSpace:
             _ = cfg.key()
         for p in self.points:
             self.to_engine_config(p.params, extra_flags=p.extra_flags)
+
+    @property
+    def engines(self) -> tuple[str, ...]:
+        """Every engine this space can run (the engine axis): MTP-on engines, then MTP-off ones."""
+        on = self.spec_backends if True in self.speculative else ()
+        off = self.off_backends if False in self.speculative else ()
+        return tuple(dict.fromkeys((*on, *off)))
 
     # ----- construction ------------------------------------------------------------------------------
     @classmethod
@@ -243,6 +268,8 @@ class SearchSpace:
             off["backend"] = "pytorch"
         static = {"speculative": True, "num_draft_tokens": STATIC_NUM_DRAFT_TOKENS, "memory_fraction": mem,
                   "max_batch_size": bs}
+        if self.spec_backends != ("pytorch",):
+            static = {"speculative": True, "spec_backend": "pytorch", **static}  # the published recommendation's engine
         named = [NamedPoint(ROLE_MTP_OFF, off), NamedPoint(ROLE_STATIC, static)]
         if "turbomind" in self.off_backends and len(self.off_backends) > 1 and False in self.speculative:
             near = min(self.memory_fraction, key=lambda m: (abs(m - mem), m))
@@ -269,6 +296,8 @@ class SearchSpace:
                 ok = spec and int(value) in self.num_draft_tokens
             elif name == "backend":
                 ok = not spec and len(self.off_backends) > 1 and value in self.off_backends
+            elif name == "spec_backend":
+                ok = spec and len(self.spec_backends) > 1 and value in self.spec_backends
             elif name == "memory_fraction":
                 ok = round(float(value), 4) in self.memory_fraction
             elif name == "max_batch_size":
@@ -286,7 +315,8 @@ class SearchSpace:
         if unknown:
             raise ConfigError(f"unknown search parameter(s) {unknown}; known: {list(PARAM_NAMES)}")
         spec = _as_bool(params.get("speculative", False))
-        engine = Backend.PYTORCH if spec else Backend(params.get("backend", self.off_backends[0]))
+        engine = params.get("spec_backend", self.spec_backends[0]) if spec else \
+            params.get("backend", self.off_backends[0])
         return EngineConfig(
             backend=Backend.SIM if self.engine == "sim" else engine,
             simulated_backend=engine if self.engine == "sim" else None,
@@ -311,11 +341,12 @@ class SearchSpace:
         seen: dict[str, tuple[dict[str, Any], EngineConfig]] = {}
         for spec in self.speculative:
             drafts: Sequence[int | None] = self.num_draft_tokens if spec else (None,)
-            backends: Sequence[str | None] = (None,) if (spec or len(self.off_backends) == 1) else self.off_backends
+            choices = self.spec_backends if spec else self.off_backends
+            backends: Sequence[str | None] = (None,) if len(choices) == 1 else choices
             for d, b, mem, bs in itertools.product(drafts, backends, self.memory_fraction, self.max_batch_size):
                 params: dict[str, Any] = {"speculative": spec}
                 if b is not None:
-                    params["backend"] = b
+                    params["spec_backend" if spec else "backend"] = b
                 if d is not None:
                     params["num_draft_tokens"] = d
                 params.update(memory_fraction=mem, max_batch_size=bs)
@@ -329,8 +360,9 @@ class SearchSpace:
                for bs in (self.max_batch_size[0], self.max_batch_size[-1])
                for b in self.off_backends]
         if True in self.speculative:
-            out += [self.to_engine_config({"speculative": True, "num_draft_tokens": d, "memory_fraction": 0.8})
-                    for d in (self.num_draft_tokens[0], self.num_draft_tokens[-1])]
+            out += [self.to_engine_config({"speculative": True, "num_draft_tokens": d, "memory_fraction": 0.8,
+                                           "spec_backend": b})
+                    for d in (self.num_draft_tokens[0], self.num_draft_tokens[-1]) for b in self.spec_backends]
         return out
 
     # ----- Optuna define-by-run ------------------------------------------------------------------------
@@ -348,6 +380,8 @@ class SearchSpace:
 
         values: dict[str, Any] = {"speculative": _as_bool(value("speculative", self.speculative))}
         if values["speculative"]:
+            if len(self.spec_backends) > 1 or "spec_backend" in fixed:
+                values["spec_backend"] = value("spec_backend", self.spec_backends)
             values["num_draft_tokens"] = value("num_draft_tokens", self.num_draft_tokens)
         elif len(self.off_backends) > 1 or "backend" in fixed:
             values["backend"] = value("backend", self.off_backends)
@@ -367,21 +401,21 @@ class SearchSpace:
         return d
 
 
-def _require_turbomind_constants(profile_name: str) -> None:
-    """A simulated TurboMind needs the profile's ``turbomind`` section; say so before any trial starts
-    rather than fail every TurboMind trial. A profile that does not load is left to the preflight,
-    which lists the shipped ones."""
+def _require_sim_constants(profile_name: str, engine: str) -> None:
+    """A simulated engine other than LMDeploy's PyTorch one needs the profile's section for it (e.g.
+    ``turbomind``, ``vllm``); say so before any trial starts rather than fail every such trial. A profile
+    that does not load is left to the preflight, which lists the shipped ones."""
     from orchestrator.sim.model import SimModelError, load_profile
 
     try:
         profile = load_profile(profile_name)
     except SimModelError:
         return
-    if "turbomind" not in profile.backends:
+    if engine not in profile.backends:
         raise ConfigError(
-            f"simulator profile {profile.name!r} has no TurboMind constants (its engines: {list(profile.backends)}), "
-            "so it cannot stand in for TurboMind; search the PyTorch engine only (--backends pytorch, or "
-            "off_backends: [pytorch]) or use a profile with a 'turbomind' section"
+            f"simulator profile {profile.name!r} has no {engine} constants (its engines: {list(profile.backends)}), "
+            f"so it cannot stand in for {engine}; leave {engine} out of the searched engines (--backends, "
+            f"--spec-backends) or use a profile with a '{engine}' section"
         )
 
 

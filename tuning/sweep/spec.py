@@ -249,7 +249,8 @@ def build_spec(args: argparse.Namespace, defaults: Mapping[str, Any] | None = No
     overrides = {
         "speculative": args.speculative, "num_draft_tokens": args.num_draft_tokens,
         "memory_fraction": args.memory_fraction, "max_batch_size": args.max_batch_size,
-        "off_backends": args.backends, "baseline_memory_fraction": args.baseline_memory_fraction,
+        "off_backends": args.backends, "spec_backends": args.spec_backends,
+        "baseline_memory_fraction": args.baseline_memory_fraction,
     }
     space_cfg.update({k: v for k, v in overrides.items() if v is not None})
     tp = args.tp or sim.get("tp") or d.get("tp", 8)

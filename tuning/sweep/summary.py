@@ -7,7 +7,6 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import Backend
 from orchestrator.table import RoutingTable
 from tuning.choose.decision import ROLE_DECIDE
 from tuning.results import (
@@ -16,6 +15,7 @@ from tuning.results import (
     behind_schedule_rows,
     busy_host_rows,
 )
+from tuning.schedule import schedule_lines
 from tuning.sweep.decide import DECIDE_DIR
 from tuning.sweep.runner import SweepOutcome
 from tuning.sweep.spec import SweepSpec
@@ -64,6 +64,8 @@ def print_summary(outcome: SweepOutcome, *, console: Any = None, traffic: Any = 
             console.print(traffic_line(outcome.table, df, spec, traffic))
         elif mixed := mixed_line(outcome.table, df):
             console.print(mixed)
+        for line in schedule_lines(outcome.table):
+            console.print(f"vLLM draft schedule, {line}", markup=False, highlight=False, soft_wrap=True)
         for note in (*outcome.table.provenance.notes, *(budget.notes if budget else ())):
             console.print(f"  - {note}")
         if outcome.error:
@@ -134,7 +136,7 @@ def shared_gpu_line(table: RoutingTable) -> str | None:
         return None
     configs = table.distinct_configs()
     engines = " + ".join(f"{configs[k].label()} ({configs[k].gpu_request(share_gpu=True):g} GPU reserved)"
-                         if configs[k].backend is not Backend.SIM else configs[k].label() for k in budget.shared)
+                         if not configs[k].simulated else configs[k].label() for k in budget.shared)
     gpus = "GPU 0" if budget.gpus == 1 else f"each of GPUs 0-{budget.gpus - 1}"
     return f"shared GPU:     {gpus} time-shared by {engines}"
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import Backend, EngineConfig
+from orchestrator.config import EngineConfig
 from orchestrator.errors import ConfigError, OrchestratorError
 from tuning.buckets import Bucket
 from tuning.results import STATUS_FAILED, STATUS_OK, failed_rows, rows_for_trial
@@ -148,7 +148,7 @@ def _measure(config: EngineConfig, context: TrialContext, trial_id: str, role: s
 
     from orchestrator.hostinfo import measured_on
 
-    gpus = [int(g) for g in ray.get_gpu_ids()] if config.backend is not Backend.SIM else None
+    gpus = [int(g) for g in ray.get_gpu_ids()] if not config.simulated else None
     startup_guard = measure_guard = None
     if context.measure_lease_actor and gpus:
         lease = ray.get_actor(context.measure_lease_actor, namespace=context.cache_namespace)
@@ -163,7 +163,7 @@ def _measure(config: EngineConfig, context: TrialContext, trial_id: str, role: s
     rows = rows_for_trial(sweep_id=context.sweep_id, trial_id=trial_id, role=role, config=config,
                           buckets=context.buckets, measurements=measurements, failure=failure,
                           engine_startup_s=startup_s)
-    facts = measured_on() if gpus else {}
+    facts = measured_on(config.engine_name) if gpus else {}
     return [ResultRow.from_mapping({**r, **facts}) for r in rows], failure
 
 
