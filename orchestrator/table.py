@@ -393,7 +393,7 @@ class RoutingTable(_Model):
             return data
         provenance = data.get("provenance")
         versions = provenance.engine_versions if isinstance(provenance, Provenance) else \
-            (provenance or {}).get("engine_versions") if isinstance(provenance, Mapping) else {}
+            (provenance or {}).get("engine_versions", {}) if isinstance(provenance, Mapping) else {}
         if not isinstance(versions, Mapping):
             return data  # the field's own validation says what is wrong
 

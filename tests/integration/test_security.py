@@ -203,8 +203,9 @@ def test_trust_remote_code_only_when_asked():
         cfg = EngineConfig(backend=backend, model=MODEL if backend == Backend.SIM else "/models/m", tp=2)
         for argv in (cfg.command(host="127.0.0.1", port=1), engine_argv(cfg, host="127.0.0.1", port=1)):
             assert not [a for a in argv if "trust" in a.replace("_", "-").lower()], (backend, argv)
-        assert cfg.command(host="127.0.0.1", port=1)[cfg.command(host="127.0.0.1", port=1).index("--server-name") + 1] \
-            == "127.0.0.1"
+        argv = cfg.command(host="127.0.0.1", port=1)
+        flag = "--host" if backend == Backend.VLLM else "--server-name"  # vLLM's serve names it --host
+        assert argv[argv.index(flag) + 1] == "127.0.0.1", (backend, argv)
     asked = EngineConfig(backend="pytorch", model="/models/m", extra_flags=("--trust-remote-code",))
     assert "--trust-remote-code" in asked.command(host="127.0.0.1", port=1)
     # No code path of ours adds it on its own.
