@@ -307,12 +307,11 @@ def summarize(state: dict[str, Any], metric: str = "throughput") -> list[dict[st
             pairs = [r["plan"] / r[ref] for r in by_round.values() if "plan" in r and ref in r and r[ref] > 0]
             row[f"plan/{ref}"] = log_ratio_interval(pairs)
         if all(k in means for k in ("greedy-alone", "sampled-alone", "plan")):
-            # Sharing's efficiency: the plan's makespan against running its two halves one after the other.
-            mk = {x["arm"]: x["makespan_s"] for x in here}
+            # Sharing's efficiency: the plan's makespan against its two halves run one after the other.
+            span = {arm: statistics.fmean(x["makespan_s"] for x in here if x["arm"] == arm)
+                    for arm in ("plan", "greedy-alone", "sampled-alone")}
             row["plan_makespan_vs_halves_in_turn"] = round(
-                statistics.fmean(x["makespan_s"] for x in here if x["arm"] == "plan")
-                / (statistics.fmean(x["makespan_s"] for x in here if x["arm"] == "greedy-alone")
-                   + statistics.fmean(x["makespan_s"] for x in here if x["arm"] == "sampled-alone")), 3) if mk else None
+                span["plan"] / (span["greedy-alone"] + span["sampled-alone"]), 3)
         rows.append(row)
     return rows
 
