@@ -43,14 +43,15 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config import EngineConfig
-from orchestrator.serve.metrics import RUNNING
+from tuning.bench.counters import parse_gauge
+from tuning.bench.progress import NullProgress
+from tuning.drive.report import MLPERF_SERVER_SLO
 
 PRESET = "qwen3.5-moe-35b-a3b-12l"
 SIM_PROFILE = "qwen35-moe-testbed-1xh200"
 SIM_TURBOMIND_PROFILE = "qwen35-test-83m-1xh200"
 """The testbed's profile has no TurboMind section: the rehearsal's TurboMind is the 83M model's (flow only)."""
 GREEDY, SAMPLED = 0.0, 0.8
-SLO_TTFT_S, SLO_TPOT_S = 2.0, 0.2
 ARMS = ("plan", "mtp4", "off", "turbomind")
 ALONE_ARMS = ("greedy-alone", "sampled-alone")
 T0 = time.monotonic()
@@ -97,32 +98,29 @@ def build(path: Path, a: argparse.Namespace) -> str:
     return str(path)
 
 
-class _Collect:
+class _Collect(NullProgress):
     """A progress sink that keeps every request's record (for goodput)."""
 
     def __init__(self) -> None:
         self.outputs: list[Any] = []
 
-    def on_start(self, total: int) -> None: ...
-
     def on_request_done(self, output: Any) -> None:
         self.outputs.append(output)
 
-    def on_complete(self, result: Any) -> None: ...
-
 
 def good(o: Any) -> bool:
-    """MLPerf's server SLO, per request: TTFT 2 s and time per output token after the first 200 ms."""
-    if not o.success or o.ttft is None or o.ttft > SLO_TTFT_S:
+    """MLPerf's server SLO (:data:`~tuning.drive.report.MLPERF_SERVER_SLO`) on one request's record."""
+    slo = MLPERF_SERVER_SLO
+    if not o.success or o.ttft is None or o.ttft > slo.ttft_s:
         return False
-    return o.output_len <= 1 or (o.latency - o.ttft) / (o.output_len - 1) <= SLO_TPOT_S
+    return o.output_len <= 1 or (o.latency - o.ttft) / (o.output_len - 1) <= slo.tpot_s
 
 
 class BatchSampler:
-    """Samples every engine's running batch (``lmdeploy:num_requests_running``) every ``period_s``."""
+    """Samples every engine's running batch (its backend's ``running`` gauge) every ``period_s``."""
 
-    def __init__(self, urls: dict[str, str], period_s: float = 0.5) -> None:
-        self.urls, self.period_s = urls, period_s
+    def __init__(self, urls: dict[str, str], gauges: dict[str, str], period_s: float = 0.5) -> None:
+        self.urls, self.gauges, self.period_s = urls, gauges, period_s
         self.samples: dict[str, list[float]] = {k: [] for k in urls}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -145,10 +143,9 @@ class BatchSampler:
                         text = client.get(f"{url}/metrics").text
                     except httpx.HTTPError:
                         continue
-                    for line in text.splitlines():
-                        if line.startswith(RUNNING):
-                            self.samples[name].append(float(line.rsplit(" ", 1)[1]))
-                            break
+                    running = parse_gauge(text, self.gauges[name])
+                    if running is not None:
+                        self.samples[name].append(running)
 
     def summary(self) -> dict[str, dict[str, float]]:
         out = {}
@@ -177,7 +174,9 @@ def measure(arm: str, urls: dict[str, str], cfgs: dict[str, EngineConfig], token
         results[t] = benchmark(urls[engine], w, tokenizer=tokenizer, engine_config=cfgs[engine],
                                progress=sinks[t], request_timeout_s=1800)
 
-    with BatchSampler({k: urls[k] for k in set(routes(arm).values())}) as batches:
+    engines = set(routes(arm).values())
+    gauges = {k: cfgs[k].engine.metrics_for(cfgs[k]).running for k in engines}
+    with BatchSampler({k: urls[k] for k in engines}, gauges) as batches:
         threads = [threading.Thread(target=run, args=(t, e)) for t, e in routes(arm).items()]
         for th in threads:
             th.start()
