@@ -40,9 +40,9 @@ __all__ = [
     "DEFAULT_SAMPLING_BANDS",
     "SamplingBand",
     "band_of",
+    "cells_of_load_variants",
     "select_cell",
     "GpuBudget",
-    "LoadVariant",
     "Provenance",
     "RoutingTable",
     "RoutingTableError",
@@ -54,14 +54,16 @@ __all__ = [
 
 SCHEMA_VERSION = 3
 #: Version 1 tables (output-length buckets and load variants, no cells) and version 2 ones (cells, no
-#: ``engine`` / ``engine_version`` on the routes) load unchanged; their routes' engine is their config's.
+#: ``engine`` / ``engine_version`` on the routes) load; their routes' engine is their config's. A bucket's
+#: ``load_variants`` (the form before load was a cell dimension) are read as the cells that route every
+#: request the same way (:func:`cells_of_load_variants`); a version-1 table that has them reads as version 2.
 READABLE_SCHEMA_VERSIONS = (1, 2, 3)
 
 _ENGINE_FIELDS = ("engine", "engine_version")
 
 
 class _EngineRoute:
-    """Where a config is named (a bucket, a cell, a load variant): which engine serves it and its version.
+    """Where a config is named (a bucket or a cell): which engine serves it and its version.
 
     ``engine`` is the engine family member the config runs or simulates (``pytorch``, ``turbomind``,
     ``vllm``: :attr:`EngineConfig.engine_name`), written from schema version 3 on so a reader of a table
@@ -190,34 +192,6 @@ class Cell(_EngineRoute, _Model):
         return self.figures.output_throughput / self.primary_figures.output_throughput - 1.0
 
 
-class LoadVariant(_EngineRoute, _Model):
-    """A config for this bucket when the live load is at least ``min_concurrency`` in-flight requests
-    per replica (speculation pays less under heavy batching, so the best config can change)."""
-
-    min_concurrency: int = Field(ge=1)
-    config: dict[str, Any]
-    figures: BucketFigures
-    engine: str | None = None
-    engine_version: str | None = None
-
-    @model_validator(mode="after")
-    def _engine_of_config(self) -> LoadVariant:
-        self._engine_matches_config()
-        return self
-
-    @model_serializer(mode="wrap")
-    def _omit_unset_engine(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _without_unset(handler(self), *_ENGINE_FIELDS)
-
-    @field_validator("config")
-    @classmethod
-    def _valid_config(cls, v: dict[str, Any]) -> dict[str, Any]:
-        return _validated_config(v)
-
-    def engine_config(self) -> EngineConfig:
-        return EngineConfig.from_dict(self.config)
-
-
 def select_cell(cells: Iterable[Cell], sampling: str | None, in_flight: int) -> Cell | None:
     """The cell that serves sampling band ``sampling`` at ``in_flight`` requests in flight per replica of
     the primary (``None``: the primary). Among the cells whose band matches (or that hold for every band)
@@ -227,6 +201,47 @@ def select_cell(cells: Iterable[Cell], sampling: str | None, in_flight: int) -> 
     if not fitting:
         return None
     return max(fitting, key=lambda c: (c.min_in_flight, c.sampling is not None))
+
+
+def cells_of_load_variants(cells: Iterable[Mapping[str, Any]], variants: Iterable[Mapping[str, Any]], *,
+                           bucket: str = "?") -> list[dict[str, Any]]:
+    """The cells that route a bucket's requests as its ``cells`` and ``load_variants`` did together
+    (the form before load was a cell dimension): a matching cell decided first; else the variant with
+    the highest ``min_concurrency`` the primary's live load reached.
+
+    A variant becomes an every-band cell at its load level, except where an every-band cell already
+    holds from a lower level on (that cell decided first: the variant was never reached). Where a band's
+    own cell holds from a lower level, that band keeps it at the variant's level too (a cell of its own
+    at that level, same config), so the variant's every-band cell, now winning on level, takes only the
+    bands it took before. Tables the sweep wrote never had both (cells came with temperature cells,
+    variants without); the exact reading is for tables written by hand."""
+    out = [dict(c) for c in cells]
+    parsed = []
+    for v in variants:
+        if not isinstance(v, Mapping) or not isinstance(v.get("min_concurrency"), int):
+            raise ValueError(f"bucket {bucket!r}: a load variant needs an integer min_concurrency, got {v!r}")
+        parsed.append(v)
+    levels = [v["min_concurrency"] for v in parsed]
+    if levels != sorted(set(levels)):
+        raise ValueError(f"bucket {bucket!r}: load_variants must have strictly increasing min_concurrency, got {levels}")
+
+    def level(c: Mapping[str, Any]) -> int:
+        n = c.get("min_in_flight", 1)
+        return n if isinstance(n, int) else 1
+
+    original = [dict(c) for c in cells]
+    for v in parsed:
+        n = v["min_concurrency"]
+        if any(c.get("sampling") is None and level(c) <= n for c in original):
+            continue
+        for band in sorted({c["sampling"] for c in original if c.get("sampling") is not None and level(c) <= n}):
+            if any(c.get("sampling") == band and level(c) == n for c in out):
+                continue
+            held = max((c for c in original if c.get("sampling") == band and level(c) <= n), key=level)
+            out.append({**held, "min_in_flight": n})
+        out.append({"sampling": None, "min_in_flight": n,
+                    **{k: v[k] for k in ("config", "figures", "engine", "engine_version") if k in v}})
+    return out
 
 
 class BucketRoute(_EngineRoute, _Model):
@@ -243,7 +258,6 @@ class BucketRoute(_EngineRoute, _Model):
     gains: dict[str, float] = Field(
         default_factory=dict, description="relative output-throughput gain over each baseline, 0.15 = +15%"
     )
-    load_variants: tuple[LoadVariant, ...] = ()
     cells: tuple[Cell, ...] = ()
     workload: dict[str, Any] = Field(default_factory=dict)
     engine: str | None = None
@@ -255,10 +269,7 @@ class BucketRoute(_EngineRoute, _Model):
         return _validated_config(v)
 
     @model_validator(mode="after")
-    def _variants_sorted(self) -> BucketRoute:
-        bounds = [v.min_concurrency for v in self.load_variants]
-        if bounds != sorted(set(bounds)):
-            raise ValueError(f"bucket {self.name!r}: load_variants must have strictly increasing min_concurrency")
+    def _cells_distinct(self) -> BucketRoute:
         keys = [(c.sampling, c.min_in_flight) for c in self.cells]
         if len(set(keys)) != len(keys):
             raise ValueError(f"bucket {self.name!r}: two cells for the same (sampling, min_in_flight): {keys}")
@@ -276,9 +287,8 @@ class BucketRoute(_EngineRoute, _Model):
         return select_cell(self.cells, sampling, in_flight)
 
     def engine_configs(self) -> list[EngineConfig]:
-        """The bucket's config, its load variants' and its cells'."""
-        return [self.engine_config(), *(v.engine_config() for v in self.load_variants),
-                *(c.engine_config() for c in self.cells)]
+        """The bucket's config and its cells'."""
+        return [self.engine_config(), *(c.engine_config() for c in self.cells)]
 
     @model_serializer(mode="wrap")
     def _omit_empty_cells(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -289,7 +299,7 @@ class GpuBudget(_Model):
     """The GPUs a table was chosen to be served on (``tuning.sweep --serve-gpus``): one replica of
     every engine it uses must fit ``gpus`` GPUs, each engine reserving
     :meth:`EngineConfig.gpu_request` with ``share_gpu``. ``notes`` say what fitting cost (a bucket
-    given its next-best config, a load variant replaced or dropped); empty when nothing changed."""
+    given its next-best config, a cell dropped); empty when nothing changed."""
 
     gpus: int = Field(ge=1)
     share_gpu: bool = False
@@ -384,10 +394,37 @@ class RoutingTable(_Model):
 
     @model_validator(mode="before")
     @classmethod
-    def _routes_name_their_engine(cls, data: Any) -> Any:
-        """From schema version 3 on, every route (bucket, cell, load variant) says its engine and the
-        version it was measured with: filled here from its config and the provenance where the writer
-        left them out, so every writer of a table (the sweep's choosing code among them) gets them."""
+    def _read_older_forms_and_name_engines(cls, data: Any) -> Any:
+        """Load variants read as cells first, then every route, those cells among them, named (one
+        validator: pydantic runs several ``before`` validators last-defined first)."""
+        return cls._routes_name_their_engine(cls._read_load_variants_as_cells(data))
+
+    @staticmethod
+    def _read_load_variants_as_cells(data: Any) -> Any:
+        """A bucket's ``load_variants`` (tables written before load was a cell dimension) become the cells
+        that route every request as the variants did (:func:`cells_of_load_variants`); a version-1 table
+        that has them reads as version 2, the first with cells."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("buckets"), (list, tuple)):
+            return data
+        if not any(isinstance(b, Mapping) and "load_variants" in b for b in data["buckets"]):
+            return data
+        buckets = []
+        for b in data["buckets"]:
+            if isinstance(b, Mapping) and "load_variants" in b:
+                b = {k: v for k, v in b.items() if k != "load_variants"} | {
+                    "cells": cells_of_load_variants(b.get("cells") or (), b["load_variants"] or (),
+                                                    bucket=str(b.get("name")))}
+            buckets.append(b)
+        version = data.get("schema_version", SCHEMA_VERSION)
+        upgraded = max(version, 2) if isinstance(version, int) and any(b.get("cells") for b in buckets
+                                                                       if isinstance(b, Mapping)) else version
+        return {**data, "schema_version": upgraded, "buckets": buckets}
+
+    @staticmethod
+    def _routes_name_their_engine(data: Any) -> Any:
+        """From schema version 3 on, every route (bucket, cell) says its engine and the version it was
+        measured with: filled here from its config and the provenance where the writer left them out, so
+        every writer of a table (the sweep's choosing code among them) gets them."""
         version = data.get("schema_version", SCHEMA_VERSION) if isinstance(data, Mapping) else None
         if not isinstance(version, int) or version < 3:
             return data
@@ -415,8 +452,7 @@ class RoutingTable(_Model):
             if isinstance(b, BaseModel):
                 b = b.model_dump()
             if isinstance(b, Mapping):
-                b = named({**b, "cells": [named(c) for c in b.get("cells") or ()],
-                           "load_variants": [named(v) for v in b.get("load_variants") or ()]})
+                b = named({**b, "cells": [named(c) for c in b.get("cells") or ()]})
             buckets.append(b)
         return {**data, "buckets": buckets}
 
@@ -442,7 +478,7 @@ class RoutingTable(_Model):
         uses_v2 = any(b.cells for b in self.buckets) or bands != DEFAULT_SAMPLING_BANDS
         if self.schema_version < 2 and (uses_v2 or self.default_temperature is not None):
             raise ValueError("cells, sampling_bands and default_temperature need schema_version 2")
-        routes = [r for b in self.buckets for r in (b, *b.cells, *b.load_variants)]
+        routes = [r for b in self.buckets for r in (b, *b.cells)]
         if self.schema_version < 3 and any(r.engine is not None or r.engine_version is not None for r in routes):
             raise ValueError("engine and engine_version on routes need schema_version 3")
         for bucket in self.buckets:
@@ -488,12 +524,12 @@ class RoutingTable(_Model):
         engine families; a simulated engine's version is ``None``)."""
         out: dict[str, str | None] = {}
         for b in self.buckets:
-            for r in (b, *b.load_variants, *b.cells):
+            for r in (b, *b.cells):
                 out.setdefault(r.engine_name, r.engine_version)
         return out
 
     def distinct_configs(self) -> dict[str, EngineConfig]:
-        """Every engine config the table uses (bucket configs, load variants and cells), by key."""
+        """Every engine config the table uses (bucket configs and cells), by key."""
         out: dict[str, EngineConfig] = {}
         for b in self.buckets:
             for cfg in b.engine_configs():
@@ -501,8 +537,8 @@ class RoutingTable(_Model):
         return out
 
     def gpus_needed(self, *, share_gpu: bool) -> int:
-        """GPUs that hold one replica of every engine the table uses (bucket configs and load
-        variants), each reserving :meth:`EngineConfig.gpu_request` (``orchestrator.config.gpus_needed``)."""
+        """GPUs that hold one replica of every engine the table uses (bucket configs and cells), each
+        reserving :meth:`EngineConfig.gpu_request` (``orchestrator.config.gpus_needed``)."""
         return gpus_for_engines(self.distinct_configs().values(), share_gpu=share_gpu)
 
     @model_serializer(mode="wrap")

@@ -3,10 +3,10 @@
 A bucket is an upper bound on a request's output length plus the workload that stands for it
 (random dataset, input 1024, range ratio 0.5, concurrency 64, temperature 0 — the published
 benchmark's settings). Each bucket can be measured at several concurrency levels and sampling
-temperatures; the first of each is the bucket's primary cell (it picks the bucket's config). With one
-temperature, higher levels become the routing table's ``load_variants`` when a different config wins
-there (speculation pays less in big batches); with several, every other (temperature, level) is a
-candidate cell of the table (sampled drafts are accepted less often, so MTP can lose there).
+temperatures; the first of each is the bucket's primary cell (it picks the bucket's config). Every other
+(temperature, level) is a candidate cell of the routing table: speculation pays less in big batches, and
+sampled drafts are accepted less often, so another config can win there. With one temperature the cells
+are load cells that hold for every sampling band.
 """
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ class Bucket:
         if list(levels) != sorted(set(levels)):
             raise ConfigError(
                 f"bucket {self.name}: concurrency levels must be strictly increasing (the first is the primary "
-                f"load that picks the bucket's config; higher ones become load variants), got {list(levels)}"
+                f"load that picks the bucket's config; higher ones are candidate load cells), got {list(levels)}"
             )
         if self.workload.max_concurrency != levels[0]:
             raise ConfigError(f"bucket {self.name}: workload.max_concurrency must equal the primary level {levels[0]}")

@@ -17,7 +17,7 @@ __all__ = ["class_goodputs", "gpus_reserved", "measure_cap", "render_markdown", 
 
 
 def with_memory_fraction(table_data: dict[str, Any], fraction: float) -> dict[str, Any]:
-    """``table_data`` with every config (buckets, cells, load variants) at memory fraction ``fraction``,
+    """``table_data`` with every config (buckets and cells) at memory fraction ``fraction``,
     and its planned replicas re-keyed to the configs' new engine keys."""
     from orchestrator.config import EngineConfig
 
@@ -33,7 +33,7 @@ def with_memory_fraction(table_data: dict[str, Any], fraction: float) -> dict[st
 
     for b in out["buckets"]:
         b["config"] = moved(b["config"])
-        for part in (*b.get("cells", ()), *b.get("load_variants", ())):
+        for part in b.get("cells", ()):
             part["config"] = moved(part["config"])
     budget = out.get("provenance", {}).get("gpu_budget")
     if budget and budget.get("replicas"):

@@ -354,10 +354,11 @@ def pareto_front(df: pd.DataFrame, *, x: str = "tpot_ms_median", y: str = "outpu
 
 def routing_summary(table: RoutingTable | None, results: pd.DataFrame | None = None) -> pd.DataFrame:
     """The routing table as rows: bucket, max_output_len, config (label), output_throughput,
-    accept_length, tpot_ms_median, gain_vs_mtp_off, gain_vs_static, load_variants. Without a table,
-    the best measured row per bucket (see :func:`gain_table`), load variants empty."""
+    accept_length, tpot_ms_median, gain_vs_mtp_off, gain_vs_static, cells (``band >=N: config``; ``any``
+    for a cell of every band). Without a table, the best measured row per bucket (see :func:`gain_table`),
+    cells empty."""
     cols = ["bucket", "max_output_len", "config", "output_throughput", "accept_length", "tpot_ms_median",
-            "gain_vs_mtp_off", "gain_vs_static", "load_variants"]
+            "gain_vs_mtp_off", "gain_vs_static", "cells"]
     rows = []
     if table is not None:
         for b in table.buckets:
@@ -365,8 +366,8 @@ def routing_summary(table: RoutingTable | None, results: pd.DataFrame | None = N
                          "output_throughput": b.figures.output_throughput, "accept_length": b.figures.accept_length,
                          "tpot_ms_median": b.figures.tpot_ms_median,
                          "gain_vs_mtp_off": b.gains.get("mtp_off"), "gain_vs_static": b.gains.get("static"),
-                         "load_variants": "; ".join(f">={v.min_concurrency}: {v.engine_config().label()}"
-                                                    for v in b.load_variants)})
+                         "cells": "; ".join(f"{c.sampling or 'any'} >={c.min_in_flight}: "
+                                            f"{c.engine_config().label()}" for c in b.cells)})
     elif results is not None:
         ok = successful_primary_rows(results)
         if not ok.empty:
@@ -377,7 +378,7 @@ def routing_summary(table: RoutingTable | None, results: pd.DataFrame | None = N
                              "output_throughput": r["output_throughput"], "accept_length": r["accept_length"],
                              "tpot_ms_median": r["tpot_ms_median"],
                              "gain_vs_mtp_off": gains.loc[bucket, "gain_vs_mtp_off"],
-                             "gain_vs_static": gains.loc[bucket, "gain_vs_static"], "load_variants": ""})
+                             "gain_vs_static": gains.loc[bucket, "gain_vs_static"], "cells": ""})
     return pd.DataFrame(rows, columns=cols)
 
 

@@ -180,7 +180,7 @@ def schedule_table(table: Any, results: Any, *, min_gain: float = MIN_GAIN) -> A
     """``table`` with each bucket whose primary engine is vLLM (real or simulated) serving one engine with
     a draft schedule instead of several engines split by load (module docstring): the schedule comes
     from that engine's load cells at the bucket's primary temperature in ``results`` (a results frame);
-    the bucket's load variants and cells on the same engine (any draft length) at that temperature's band
+    the bucket's cells on the same engine (any draft length) at that temperature's band
     are dropped, since the engine adapts by itself; cells on other engines or bands stay (the router
     still routes by temperature across engines where that pays). A bucket measured at one load level,
     or whose schedule is one draft length everywhere, is left as it was. Every scheduled bucket gets a
@@ -219,9 +219,8 @@ def schedule_table(table: Any, results: Any, *, min_gain: float = MIN_GAIN) -> A
         band_name = band.name if band is not None else None
         same = lambda route: _engine_identity(route.config) == identity  # noqa: E731
         cells = tuple(c for c in bucket.cells if not (same(c) and c.sampling in (None, band_name)))
-        variants = tuple(v for v in bucket.load_variants if not same(v))
         buckets.append(bucket.model_copy(update={
-            "config": scheduled.to_dict(), "cells": cells, "load_variants": variants,
+            "config": scheduled.to_dict(), "cells": cells,
             "engine": None, "engine_version": None}))  # re-derived when the table is parsed
         notes.append(f"{bucket.name}: vLLM draft schedule {schedule.to_vllm()} from its load cells at temperature "
                      f"{temperature:g} (levels {sorted({p.in_flight for p in points})}); the figures are the "
@@ -249,7 +248,7 @@ def schedule_lines(table: Any) -> list[str]:
 
     out = []
     for bucket in table.buckets:
-        for route in (bucket, *bucket.load_variants, *bucket.cells):
+        for route in (bucket, *bucket.cells):
             config = route.engine_config()
             if config.draft_schedule is not None:
                 out.append(f"{bucket.name}: --speculative-config '{compact_json(speculative_config(config))}'")

@@ -444,7 +444,7 @@ def static_table(table: routing.RoutingTable, cfg: EngineConfig, path: Path) -> 
     data = json.loads(table.model_dump_json())
     for b in data["buckets"]:
         b["config"] = cfg.to_dict()
-        b.pop("load_variants", None)
+        b.pop("cells", None)
     data["provenance"]["sweep_id"] = f"{data['provenance']['sweep_id']}-static"
     data.pop("version", None)
     routing.commit(data, path)

@@ -7,22 +7,19 @@ Rules, in order:
 
 1. **Bucket** — :meth:`RoutingTable.bucket_for` on the request's ``max_tokens`` (or
    ``max_completion_tokens``; the table's ``default_max_tokens`` when the request gives neither).
-2. **Cell** — a version-2 table's bucket may carry cells keyed by sampling band and load level
+2. **Cell** — a bucket may carry cells keyed by sampling band and load level
    (:meth:`BucketRoute.cell_for`): the request's temperature (the table's ``default_temperature`` when it
-   gives none) picks the band, the live load of the bucket's primary deployment the level. A matching
-   cell's config serves the request; otherwise rule 3 applies. Cells exist only where the sweep measured
-   another config better beyond noise (speculation pays less for sampled traffic and in full batches).
-3. **Load variant** — a bucket may carry ``load_variants`` (sorted by ``min_concurrency``): configs
-   the sweep found better under heavy batching (speculation pays less when the batch is already
-   full). When the live load of the bucket's *primary* deployment — in-flight requests per replica —
-   reaches a variant's ``min_concurrency``, the highest such variant is chosen. Because requests
-   that go to the variant no longer count against the primary, the primary is held near the
-   threshold and the excess spills over to the variant, rather than the whole bucket flapping.
-4. **Health** — if the chosen deployment has no healthy replica, the bucket's other configs are
-   tried (the primary first, then variants), then the nearest other bucket by position in the table
+   gives none) picks the band, the live load of the bucket's primary deployment — in-flight requests per
+   replica — the level. A matching cell's config serves the request; otherwise the bucket's primary does.
+   Cells exist only where the sweep measured another config better beyond noise (speculation pays less
+   for sampled traffic and in full batches). Because requests that go to a load cell no longer count
+   against the primary, the primary is held near the cell's level and the excess spills over to the
+   cell's engine, rather than the whole bucket flapping between configs.
+3. **Health** — if the chosen deployment has no healthy replica, the bucket's other configs are
+   tried (the primary first, then its cells), then the nearest other bucket by position in the table
    (ties go to the larger bucket: its engine was configured for longer outputs). The decision then
    names the bucket it fell back from.
-5. **Capacity** — when the chosen deployment's live load has reached its engines' batch limit
+4. **Capacity** — when the chosen deployment's live load has reached its engines' batch limit
    (``max_batch_size``: a request beyond it waits in the engine's queue) and another deployment of the
    table has a healthy replica with room, the request goes to the one with the most room relative to
    its limit. Every engine of a table serves the same model, so any of them gives the same answer
@@ -69,10 +66,9 @@ class RouteDecision:
             scheme for deployments does not change what the metrics call the config).
         fallback_from: name of the bucket the request *should* have gone to when health forced a
             different deployment, else ``None``.
-        reason: short machine-readable explanation: ``bucket``, ``cell:BAND@N``, ``load>=N``, ``fallback:...``,
-            ``spill:DEPLOYMENT-full``.
-        cell: the cell that chose the config (``BAND@N``), or ``primary`` for the bucket's own config or a
-            load variant.
+        reason: short machine-readable explanation: ``bucket``, ``cell:BAND@N`` (``any@N`` for a cell of
+            every band), ``fallback:...``, ``spill:DEPLOYMENT-full``.
+        cell: the cell that chose the config (``BAND@N``), or ``primary`` for the bucket's own config.
     """
 
     bucket: str
@@ -111,11 +107,10 @@ def _memoised(obj: object, compute: Callable[[], T]) -> T:
 
 
 def bucket_deployments(bucket: BucketRoute) -> tuple[tuple[str, int], ...]:
-    """``((deployment, min_concurrency), ...)`` of a bucket: primary (threshold 0), its load variants,
-    then its cells (their load level; the band is decided in :func:`choose_route`)."""
+    """``((deployment, min_in_flight), ...)`` of a bucket: primary (level 0), then its cells (their load
+    level; the band is decided in :func:`choose_route`)."""
     return _memoised(bucket, lambda: ((deployment_name(bucket.engine_config().key()), 0),) + tuple(
-        (deployment_name(v.engine_config().key()), v.min_concurrency) for v in bucket.load_variants
-    ) + tuple((deployment_name(c.engine_config().key()), c.min_in_flight) for c in bucket.cells))
+        (deployment_name(c.engine_config().key()), c.min_in_flight) for c in bucket.cells))
 
 
 def requested_max_tokens(max_tokens: int | None, max_completion_tokens: int | None) -> int | None:
@@ -162,7 +157,7 @@ def choose_route(
             return RouteDecision(wanted.name, roomier, roomier, None, f"spill:{deployment}-full", cell)
         return RouteDecision(wanted.name, deployment, deployment, None, reason, cell)
 
-    # Same bucket, another of its configs (primary first, then variants).
+    # Same bucket, another of its configs (primary first, then its cells).
     for name, _ in bucket_deployments(wanted):
         if name != deployment and is_healthy(name):
             return RouteDecision(
@@ -197,7 +192,7 @@ def batch_limits(table: RoutingTable) -> dict[str, int | None]:
 
 
 def _with_room(table: RoutingTable, chosen: str, live_load: Mapping[str, float], is_healthy) -> str | None:
-    """Another healthy deployment with room when ``chosen`` is at its batch limit (rule 5), else ``None``."""
+    """Another healthy deployment with room when ``chosen`` is at its batch limit (rule 4), else ``None``."""
     limits = batch_limits(table)
     limit = limits.get(chosen)
     if limit is None or float(live_load.get(chosen, 0.0)) < limit:
@@ -208,26 +203,12 @@ def _with_room(table: RoutingTable, chosen: str, live_load: Mapping[str, float],
 
 
 def _by_cell_or_load(bucket: BucketRoute, band: str | None, live_load: Mapping[str, float]) -> tuple[str, str, str]:
-    """The bucket's deployment for the request's sampling band and the primary's live load: a matching
-    cell's, else the load variants' (:func:`_by_load`); with the reason and the cell label."""
+    """The bucket's deployment for the request's sampling band and the primary's live load (its matching
+    cell's, else the primary), with the reason and the cell label."""
     primary = bucket_deployments(bucket)[0][0]
     load = float(live_load.get(primary, 0.0))
-    if bucket.cells:
-        cell = bucket.cell_for(band, max(1, int(load)))
-        if cell is not None:
-            label = f"{cell.sampling or 'any'}@{cell.min_in_flight}"
-            return deployment_name(cell.engine_config().key()), f"cell:{label}", label
-    chosen, reason = _by_load(bucket, live_load)
-    return chosen, reason, "primary"
-
-
-def _by_load(bucket: BucketRoute, live_load: Mapping[str, float]) -> tuple[str, str]:
-    """The bucket's deployment for the primary's live load, and the reason string."""
-    options = bucket_deployments(bucket)
-    primary = options[0][0]
-    load = float(live_load.get(primary, 0.0))
-    chosen, reason = primary, "bucket"
-    for name, threshold in options[1 : 1 + len(bucket.load_variants)]:
-        if load >= threshold:
-            chosen, reason = name, f"load>={threshold}"
-    return chosen, reason
+    cell = bucket.cell_for(band, max(1, int(load)))
+    if cell is None:
+        return primary, "bucket", "primary"
+    label = f"{cell.sampling or 'any'}@{cell.min_in_flight}"
+    return deployment_name(cell.engine_config().key()), f"cell:{label}", label

@@ -511,8 +511,8 @@ def _check_table_invariants(t: routing.RoutingTable) -> None:
     assert len({b.name for b in t.buckets}) == len(t.buckets)
     for b in t.buckets:
         b.engine_config()  # every config builds an engine command
-        for v in b.load_variants:
-            v.engine_config()
+        for c in b.cells:  # the valid table's load_variants are read as cells
+            c.engine_config()
     for n in (None, 1, bounds[-1], bounds[-1] + 1, 10**9):
         assert t.bucket_for(n) in t.buckets
     # What loads is written as standard JSON (no NaN/Infinity: jq, browsers and Go refuse them) and

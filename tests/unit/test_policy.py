@@ -63,14 +63,66 @@ def test_max_completion_tokens_wins():
     assert requested_max_tokens(None, None) is None
 
 
-def test_load_variants_switch_at_threshold_of_primary_load_per_replica():
-    t = _table(variants=True)
+def test_load_cells_switch_at_the_primary_load_per_replica_and_old_load_variants_read_as_them():
+    t = _table(variants=True)  # written in the old form: load_variants
+    assert [(c.sampling, c.min_in_flight) for c in t.bucket("le4096").cells] == [(None, 32), (None, 128)]
+    assert "load_variants" not in t.to_json()
     assert choose_route(2000, t, {MTP3: 31.9}).deployment == MTP3
-    d = choose_route(2000, t, {MTP3: 32})
-    assert (d.deployment, d.reason, d.bucket, d.fallback_from) == (MTP1, "load>=32", "le4096", None)
+    for temperature in (None, 0.0, 1.0):  # a load cell of every band
+        d = choose_route(2000, t, {MTP3: 32}, temperature=temperature)
+        assert (d.deployment, d.reason, d.cell, d.bucket, d.fallback_from) == (MTP1, "cell:any@32", "any@32", "le4096", None)
     assert choose_route(2000, t, {MTP3: 500}).deployment == BIGBATCH
     # Load on other deployments is irrelevant to this bucket's choice.
     assert choose_route(2000, t, {MTP1: 1000, NOSPEC: 1000}).deployment == MTP3
+
+
+def _old_rule(cells: list[dict], variants: list[dict], band: str | None, load: int) -> str | None:
+    """How a bucket with both cells and load variants routed before load was a cell dimension: a matching
+    cell first (the highest level; a band's own cell at a tie), else the highest variant reached."""
+    fitting = [c for c in cells if c["sampling"] in (None, band) and c["min_in_flight"] <= load]
+    if fitting:
+        return _key(max(fitting, key=lambda c: (c["min_in_flight"], c["sampling"] is not None))["config"])
+    reached = [v for v in variants if v["min_concurrency"] <= load]
+    return _key(reached[-1]["config"]) if reached else None
+
+
+@given(
+    cells=st.dictionaries(st.tuples(st.sampled_from([None, "greedy", "sampled"]), st.sampled_from([1, 16, 32, 64, 128])),
+                          st.integers(1, 4), max_size=5),
+    levels=st.lists(st.sampled_from([1, 16, 24, 32, 64, 100, 128]), unique=True, max_size=3),
+)
+@settings(max_examples=300, deadline=None)
+def test_a_hand_written_table_with_cells_and_load_variants_routes_as_it_did(cells, levels):
+    cell_list = [{"sampling": band, "min_in_flight": n, "config": _cfg(d), "figures": {"output_throughput": 1.0}}
+                 for (band, n), d in cells.items()]
+    variants = [{"min_concurrency": n, "config": _cfg(0, 256 + n), "figures": {"output_throughput": 1.0}}
+                for n in sorted(levels)]
+    converted = routing.cells_of_load_variants(cell_list, variants)
+    for band in ("greedy", "sampled"):
+        for load in (1, 8, 16, 20, 24, 32, 50, 64, 100, 128, 1000):
+            cell = routing.select_cell([routing.Cell(**c) for c in converted], band, load)
+            assert (None if cell is None else cell.engine_config().key()) == _old_rule(cell_list, variants, band, load)
+
+
+def test_load_variants_out_of_order_are_refused_with_the_bucket_named():
+    data = json.loads(_table().to_json())
+    data["buckets"][1]["load_variants"] = [
+        {"min_concurrency": 64, "config": _cfg(1), "figures": {"output_throughput": 1.0}},
+        {"min_concurrency": 32, "config": _cfg(2), "figures": {"output_throughput": 1.0}}]
+    with pytest.raises(routing.RoutingTableError, match="le4096.*strictly increasing"):
+        routing.parse(data)
+
+
+def test_a_version_1_table_with_load_variants_reads_as_version_2():
+    data = json.loads(_table(variants=True).to_json())
+    data["schema_version"] = 1
+    for b in data["buckets"]:
+        for c in b.pop("cells", ()):
+            b.setdefault("load_variants", []).append(
+                {"min_concurrency": c["min_in_flight"], "config": c["config"], "figures": c["figures"]})
+        b.pop("engine", None), b.pop("engine_version", None)
+    t = routing.parse(data)
+    assert t.schema_version == 2 and [c.min_in_flight for c in t.bucket("le4096").cells] == [32, 128]
 
 
 def test_unhealthy_falls_back_within_bucket_then_to_nearest_bucket():

@@ -58,7 +58,7 @@ FULL_OFF = {("le1024", 64): 6000, ("le1024", 128): 9000, ("le16384", 64): 6200, 
 FULL_STATIC = {("le1024", 64): 8400, ("le1024", 128): 8000, ("le16384", 64): 13000, ("le16384", 128): 11000}
 
 
-def test_per_bucket_best_gains_and_load_variants():
+def test_per_bucket_best_gains_and_load_cells():
     df = _all(FULL_OFF, FULL_STATIC,
               ("c", 3, {("le1024", 64): 8600, ("le1024", 128): 8100, ("le16384", 64): 12000, ("le16384", 128): 10000}))
     table = pick_best(df, BUCKETS, provenance=PROV)
@@ -66,9 +66,9 @@ def test_per_bucket_best_gains_and_load_variants():
     assert b1.engine_config().num_draft_tokens == 3 and b2.engine_config().num_draft_tokens == 4
     assert b1.gains["mtp_off"] == pytest.approx(8600 / 6000 - 1) and b1.gains["static"] == pytest.approx(8600 / 8400 - 1)
     assert b2.gains["static"] == pytest.approx(0.0)
-    # At concurrency 128 MTP off wins both buckets -> a load variant each.
-    assert [v.min_concurrency for v in b1.load_variants] == [128]
-    assert not b1.load_variants[0].engine_config().speculative
+    # At concurrency 128 MTP off wins both buckets -> a load cell of every band each.
+    assert [(c.sampling, c.min_in_flight) for c in b1.cells] == [(None, 128)]
+    assert not b1.cells[0].engine_config().speculative
     assert routing.parse(table.model_dump(mode="json")) == table  # valid per the schema
 
 
@@ -181,7 +181,9 @@ def test_a_bucket_gets_its_own_config_when_the_intervals_part():
     # noise, and MTP-3, still shown best on le1024 (9,520 vs 8,400), serves both.
     loose = pick_best(_rounds_frame([9500, 9520, 9540], spread=0.06), BUCKETS, provenance=PROV)
     assert {b.engine_config().num_draft_tokens for b in loose.buckets} == {3}
-    assert [n.split(":")[0] for n in loose.provenance.notes] == ["noise", "le16384"]
+    assert [n.split(":")[0] for n in loose.provenance.notes][:2] == ["noise", "le16384"]
+    # the load level is a cell dimension: its comparisons are left within noise at the loose rounds too
+    assert all(n.startswith("le16384 greedy@128") and "within noise" in n for n in loose.provenance.notes[2:])
 
 
 def test_two_rounds_a_cell_are_told_apart_by_the_noise_pooled_over_the_sweep():

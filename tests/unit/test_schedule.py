@@ -95,9 +95,9 @@ def test_the_sweeps_table_serves_one_scheduled_vllm_engine_instead_of_engines_sp
         "default_temperature": 1.0,
         "buckets": [{"name": "le256", "max_output_len": 256, "config": mtp3.to_dict(),
                      "figures": {"output_throughput": 300.0},
-                     "load_variants": [{"min_concurrency": 128, "config": vllm.to_dict(),
-                                        "figures": {"output_throughput": 4000.0}}],
-                     "cells": [{"sampling": "sampled", "min_in_flight": 1, "config": lmdeploy.to_dict(),
+                     "cells": [{"sampling": None, "min_in_flight": 128, "config": vllm.to_dict(),
+                                "figures": {"output_throughput": 4000.0}},
+                               {"sampling": "sampled", "min_in_flight": 1, "config": lmdeploy.to_dict(),
                                 "figures": {"output_throughput": 250.0}}]}],
     })
     results = pd.DataFrame([_row(3, 1, 300.0, primary=True), _row(0, 1, 200.0, primary=False),
@@ -107,7 +107,7 @@ def test_the_sweeps_table_serves_one_scheduled_vllm_engine_instead_of_engines_sp
     out = routing.parse(schedule_table(table, results).model_dump(mode="json"))
     bucket = out.bucket("le256")
     assert bucket.engine_config().draft_schedule == ((1, 45, 3), (46, 128, 0))
-    assert bucket.load_variants == () and [c.engine for c in bucket.cells] == ["pytorch"]  # other engine kept
+    assert [c.engine for c in bucket.cells] == ["pytorch"]  # the load cell is the schedule's now; other engine kept
     assert "draft schedule [[1, 45, 3], [46, 128, 0]]" in out.provenance.notes[-1]
     assert schedule_lines(out) == ["le256: --speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":3,"
                                    "\"num_speculative_tokens_per_batch_size\":[[1,45,3],[46,128,0]]}'"]

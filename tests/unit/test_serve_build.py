@@ -32,8 +32,8 @@ def _commit(path, configs, variants=()):
         ],
     }
     if variants:
-        data["buckets"][0]["load_variants"] = [
-            {"min_concurrency": 64, "config": v.to_dict(), "figures": {"output_throughput": 1.0}} for v in variants]
+        data["buckets"][0]["cells"] = [{"min_in_flight": 64 * (i + 1), "config": v.to_dict(),
+                                        "figures": {"output_throughput": 1.0}} for i, v in enumerate(variants)]
     return routing.commit(data, path)
 
 
@@ -55,7 +55,7 @@ def test_one_deployment_per_distinct_config_with_gpus_and_scaling(tmp_path):
     assert (auto.min_replicas, auto.max_replicas, auto.target_ongoing_requests) == (1, 4, 48)
     assert engines[SIM.key()]._replica_config.ray_actor_options["num_gpus"] == 0
     assert engines[SIM.key()]._deployment_config.num_replicas == 2
-    assert engines[GPU.key()]._deployment_config.num_replicas == 2  # load variant: default scaling
+    assert engines[GPU.key()]._deployment_config.num_replicas == 2  # load cell: default scaling
     router = app._bound_deployment
     assert router.name == "router" and router._deployment_config.max_surge_percent == 100
 

@@ -183,23 +183,23 @@ def test_nothing_fits_raises_and_keeps_the_previous_table(tmp_path):
     assert path.read_text() == before
 
 
-def test_load_variants_that_do_not_fit_are_replaced_or_dropped_and_said_so():
+def test_load_cells_that_do_not_fit_are_dropped_least_gain_first_and_said_so():
     big, small = _mtp(2, 0.8), _mtp(3, 0.4)  # 0.9 and 0.5 of a GPU shared
     df = _frame(*BASELINES,
                 # A serves both buckets at their primary load; at 128 in flight others win.
                 (ROLE_SEARCH, A, (30000, 9000, 30000, 9000)),
                 (ROLE_SEARCH, big, (1000, 12000, 1000, 12000)),
-                (ROLE_SEARCH, small, (1000, 10000, 1000, 8000)))
+                (ROLE_SEARCH, small, (1000, 10000, 1000, 11000)))
     free = pick_best(df, BUCKETS, provenance=PROV)
-    assert [[v.engine_config().label() for v in b.load_variants] for b in free.buckets] == [[big.label()]] * 2
+    assert [[(c.sampling, c.min_in_flight, c.engine_config().label()) for c in b.cells] for b in free.buckets] == \
+        [[(None, 128, big.label())]] * 2  # measured at one temperature: a load cell of every band
     table = pick_best(df, BUCKETS, provenance=PROV, budget=GpuBudget(gpus=1, share_gpu=True))
     assert _labels(table) == [A.label(), A.label()]
-    # le1024: `small` beats A at 128 and fits beside it (0.35 + 0.5); le16384: nothing that beats A fits.
-    assert [[v.engine_config().label() for v in b.load_variants] for b in table.buckets] == [[small.label()], []]
+    # A (0.35) and big (0.9) do not fit one GPU: both load cells go, and the notes say which and why.
+    assert [b.cells for b in table.buckets] == [(), ()]
     notes = table.provenance.gpu_budget.notes
-    assert any(n.startswith(f"le1024 at >= 128 in flight: {big.label()}") and n.endswith(f"{small.label()} (10,000 tok/s) instead")
-               for n in notes)
-    assert any(n.startswith("le16384 at >= 128 in flight") and n.endswith("no load variant") for n in notes)
+    for bucket in ("le1024", "le16384"):
+        assert any(n.startswith(f"{bucket} cell any@128: {big.label()} does not fit 1") for n in notes), notes
     assert table.gpus_needed(share_gpu=True) == 1
 
 

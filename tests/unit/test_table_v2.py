@@ -39,6 +39,7 @@ def _v1_table() -> dict:
 def _v2_table() -> dict:
     data = _v1_table()
     data.pop("schema_version")
+    data["buckets"][0].pop("load_variants")
     data["default_temperature"] = 0.7
     data["buckets"][0]["cells"] = [
         {"sampling": "sampled", "min_in_flight": 1, "config": _config(0),
@@ -52,12 +53,22 @@ def _v2_table() -> dict:
     return data
 
 
-def test_version_1_table_loads_unchanged_and_has_no_cells():
+def test_version_1_table_reads_its_load_variants_as_load_cells_of_every_band():
     t = table.parse(_v1_table())
-    assert t.schema_version == 1
-    assert [b.cells for b in t.buckets] == [(), ()]
-    assert t.bucket("le1024").cell_for("sampled", 10_000) is None
+    assert t.schema_version == 2  # the first version with cells
+    (cell,) = t.bucket("le1024").cells
+    assert (cell.sampling, cell.min_in_flight, _drafts(cell)) == (None, 128, 2)
+    assert t.bucket("le1024").cell_for("sampled", 127) is None
+    assert _drafts(t.bucket("le1024").cell_for("sampled", 10_000)) == 2
     assert [b.name for b in t.sampling_bands] == ["greedy", "sampled"]
+    assert table.parse(t.to_json()) == t
+
+
+def test_version_1_table_without_load_variants_loads_unchanged():
+    data = _v1_table()
+    data["buckets"][0].pop("load_variants")
+    t = table.parse(data)
+    assert t.schema_version == 1 and [b.cells for b in t.buckets] == [(), ()]
     # what a v1 table writes back is still a v1 table: no v2 keys appear
     out = json.loads(t.to_json())
     assert "cells" not in out["buckets"][0] and "default_temperature" not in out

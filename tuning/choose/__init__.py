@@ -6,7 +6,7 @@ One concept per module; each imports :mod:`tuning.results` (the rows' schema), n
 - :mod:`~tuning.choose.noise` — when two measured configs are told apart (pooled noise, intervals);
 - :mod:`~tuning.choose.figures` — a results row as a table's figures, gains over the baselines;
 - :mod:`~tuning.choose.rank` — one row per config, best first; the config that serves most buckets;
-- :mod:`~tuning.choose.budget` — fitting primaries, load variants and cells to a GPU budget;
+- :mod:`~tuning.choose.budget` — fitting primaries and cells to a GPU budget;
 - :mod:`~tuning.choose.cells` — the (sampling band x load level) cells that get a config of their own;
 - :mod:`~tuning.choose.pick` — :func:`pick_best`: the table from a results frame;
 - :mod:`~tuning.choose.mix` — what a mix of traffic would sustain, per part or per single config;

@@ -1,5 +1,5 @@
 """Fitting a table to a GPU budget (``--serve-gpus``): which candidates each bucket may take, the
-combination of primaries that fits and scores best, load variants and cells that still fit, and what
+combination of primaries that fits and scores best, the cells that still fit, and what
 to say when nothing does.
 
 Why: a table that needs more GPUs than the user has cannot be deployed; the budget is checked with one
@@ -16,7 +16,7 @@ from orchestrator.table import BucketRoute, GpuBudget
 from tuning.buckets import Bucket
 from tuning.choose.rank import engine_of_row, log_throughput
 
-__all__ = ["BUDGET_CANDIDATES", "CELL_DROPPED", "fit_cells", "fit_primaries", "gpus_of", "load_variant_row",
+__all__ = ["BUDGET_CANDIDATES", "CELL_DROPPED", "fit_cells", "fit_primaries", "gpus_of",
            "no_fit_message"]
 
 
@@ -73,20 +73,6 @@ def fit_primaries(ranked: Sequence[Sequence[dict[str, Any]]], budget: GpuBudget)
     return None if best is None else best[1]
 
 
-def load_variant_row(ranked_at_c: Sequence[dict[str, Any]], primary_key: str, placed: dict[str, EngineConfig],
-                  budget: GpuBudget | None) -> dict[str, Any] | None:
-    """The config for a higher load level: the best one at that level, unless it is the bucket's own
-    config (no variant). Under a budget, the best one that beats the bucket's config there and fits
-    beside the engines ``placed`` so far (which it joins); none if none does."""
-    for row in ranked_at_c:
-        if row["engine_key"] == primary_key:
-            return None
-        if budget is None or row["engine_key"] in placed or budget.fits([*placed.values(), engine_of_row(row)]):
-            placed.setdefault(row["engine_key"], engine_of_row(row))
-            return row
-    return None
-
-
 def fit_cells(routes: list[BucketRoute], budget: GpuBudget) -> tuple[list[BucketRoute], list[str]]:
     """Drop cells, least gain first, until one replica of every engine fits the budget."""
     notes: list[str] = []
@@ -101,7 +87,7 @@ def fit_cells(routes: list[BucketRoute], budget: GpuBudget) -> tuple[list[Bucket
             break
         _, i, j = min(candidates)
         cell = routes[i].cells[j]
-        notes.append(f"{routes[i].name} cell {cell.sampling}@{cell.min_in_flight}: "
+        notes.append(f"{routes[i].name} cell {cell.sampling or 'any'}@{cell.min_in_flight}: "
                      f"{cell.engine_config().label()} does not fit {budget.gpus} {CELL_DROPPED}")
         routes[i] = routes[i].model_copy(update={"cells": routes[i].cells[:j] + routes[i].cells[j + 1:]})
     return routes, notes

@@ -8,6 +8,7 @@ everything else shares the primary's engines.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -259,14 +260,20 @@ def cell_measurements(rows: pd.DataFrame, b: Bucket) -> list[Any]:
 def bucket_cells(b: Bucket, at_bucket: pd.DataFrame, primary_key: str, constraints: Constraints,
            min_gain: float, noise: PooledNoise | None = None) -> Any:
     """The bucket's :class:`tuning.choose.cells.BucketChoice` from its rows at every (temperature, concurrency):
-    its cells, why others were not written (notes) and the comparisons left within noise."""
+    its cells, why others were not written (notes) and the comparisons left within noise.
+
+    A bucket measured at one temperature has load cells only, and they hold for every sampling band
+    (``sampling`` unset), as its primary does: nothing was measured to tell the bands apart."""
 
     eligible = at_bucket[constraints.mask(at_bucket)] if not at_bucket.empty else at_bucket
     measured = cell_measurements(eligible, b)
     primary_band = routing.band_of(b.primary_temperature)
     assert primary_band is not None
-    return choose_cells(measured, primary_band=primary_band.name, primary_in_flight=b.primary_concurrency,
-                        min_gain=min_gain, primary_keys={b.name: primary_key}, noise=noise)[b.name]
+    choice = choose_cells(measured, primary_band=primary_band.name, primary_in_flight=b.primary_concurrency,
+                          min_gain=min_gain, primary_keys={b.name: primary_key}, noise=noise)[b.name]
+    if len(b.temperatures) > 1:
+        return choice
+    return dataclasses.replace(choice, cells=tuple(c.model_copy(update={"sampling": None}) for c in choice.cells))
 
 
 def undecided_cells(results: pd.DataFrame, buckets: Sequence[Bucket], table: RoutingTable,
@@ -276,6 +283,6 @@ def undecided_cells(results: pd.DataFrame, buckets: Sequence[Bucket], table: Rou
     pooled over ``results``, as :func:`pick_best` decided them."""
     ok = results[(results["status"] == STATUS_OK) & results["output_throughput"].notna()]
     noise = pooled_noise(results)
-    return [u for b in buckets if len(b.temperatures) > 1
+    return [u for b in buckets
             for u in bucket_cells(b, ok[ok["bucket"] == b.name], table.bucket(b.name).engine_config().key(), constraints,
                             CELL_MIN_GAIN, noise).undecided]

@@ -1,5 +1,5 @@
-"""The routing table from a results frame (:func:`pick_best`): each bucket's primary, its cells or load
-variants, both baselines and the gains over them, fitted to a GPU budget when there is one.
+"""The routing table from a results frame (:func:`pick_best`): each bucket's primary, its cells (sampling
+band x load level), both baselines and the gains over them, fitted to a GPU budget when there is one.
 
 Pure: no files, no clock. An incomplete sweep (a bucket without a successful trial, a baseline missing)
 raises :class:`IncompleteResultsError` *before* anything is committed, so a good table already at the
@@ -18,7 +18,6 @@ from orchestrator.table import (
     BucketRoute,
     Cell,
     GpuBudget,
-    LoadVariant,
     Provenance,
     RoutingTable,
     RoutingTableError,
@@ -28,7 +27,6 @@ from tuning.choose.budget import (
     fit_cells,
     fit_primaries,
     gpus_of,
-    load_variant_row,
     no_fit_message,
 )
 from tuning.choose.cells import CELL_MIN_GAIN, bucket_cells
@@ -65,12 +63,10 @@ def pick_best(
 ) -> RoutingTable:
     """Per bucket, the config with the highest measured output throughput at the bucket's primary load
     among successful rows that meet ``constraints``; its figures; both baselines' figures and the
-    gains over them; a load variant for each higher concurrency level where another config wins.
-
-    Buckets measured at several temperatures get cells instead of load variants
-    (:func:`tuning.choose.cells.choose_cells`): every other (sampling band, concurrency) whose best config beats
-    the one it would otherwise get beyond the noise and by more than ``cell_min_gain``; cells that do not
-    fit the budget are dropped, least gain first. The noise: one round's, pooled over every row measured
+    gains over them; and its cells (:func:`tuning.choose.cells.choose_cells`): every other (sampling band,
+    concurrency) whose best config beats the one it would otherwise get beyond the noise and by more than
+    ``cell_min_gain`` (a bucket measured at one temperature gets load cells that hold for every band, as
+    its primary does); cells that do not fit the budget are dropped, least gain first. The noise: one round's, pooled over every row measured
     in rounds (:func:`~tuning.choose.noise.pooled_noise`); two configs differ where the interval of their ratio excludes 1.
     A cell left on the bucket's config because its comparison was within noise is named in
     ``provenance.notes`` with the rounds that would decide it: a second sweep may decide it otherwise.
@@ -78,9 +74,7 @@ def pick_best(
     With a ``budget`` the table must also be servable on ``budget.gpus`` GPUs (one replica of every
     engine it uses, sharing per ``budget.share_gpu``): the per-bucket best when that fits; else the
     fitting combination of each bucket's top candidates that maximises the sweep's scalar objective
-    (:func:`fit_primaries`). Load variants are then kept while they fit, else replaced by the next
-    config that beats the bucket's own at that load and fits, else dropped. What the budget changed
-    is written to ``provenance.gpu_budget.notes``.
+    (:func:`fit_primaries`). What the budget changed is written to ``provenance.gpu_budget.notes``.
 
     Pure: no files, no clock. Raises :class:`IncompleteResultsError` naming what is missing when a
     bucket has no eligible successful row or a baseline has no successful row for a bucket, or when
@@ -145,31 +139,14 @@ def pick_best(
     if noise is not None:
         within.insert(0, f"noise: {noise.describe()} over the sweep's measurements; two configs are called "
                          "different where the 95 % interval of their throughput ratio excludes 1")
-    placed = {r["engine_key"]: engine_of_row(r) for r in chosen}
     routes = []
     for (b, baselines, _, at_bucket), row in zip(found, chosen):
         figures = row_figures(row)
-        gains = gains_over(figures, baselines)
-        variants = []
-        cells: tuple[Cell, ...] = ()
-        if len(b.temperatures) > 1:
-            choice = bucket_cells(b, at_bucket, row["engine_key"], constraints, cell_min_gain, noise)
-            cells = choice.cells
-            within.extend(f"{b.name} {n}" for n in choice.notes)  # an undecided cell: a second sweep may differ
-        for c in b.concurrency_levels[1:] if len(b.temperatures) == 1 else ():
-            at_c = at_temperature(at_bucket, b.primary_temperature)
-            at_c = at_c[at_c["concurrency"] == c]
-            ranked_c = ranked_rows(at_c[constraints.mask(at_c)] if not at_c.empty else at_c)
-            vrow = load_variant_row(ranked_c, row["engine_key"], placed, budget)
-            if vrow is not None:
-                variants.append(LoadVariant(min_concurrency=c, config=config_of_row(vrow), figures=row_figures(vrow)))
-            wanted = ranked_c[0] if ranked_c and ranked_c[0]["engine_key"] != row["engine_key"] else None
-            if wanted is not None and (vrow or {}).get("engine_key") != wanted["engine_key"]:  # the budget's doing
-                notes.append(f"{b.name} at >= {c} in flight: {describe_row(wanted)} does not fit; "
-                             + (f"{describe_row(vrow)} instead" if vrow is not None else "no load variant"))
+        choice = bucket_cells(b, at_bucket, row["engine_key"], constraints, cell_min_gain, noise)
+        within.extend(f"{b.name} {n}" for n in choice.notes)  # an undecided cell: a second sweep may differ
         routes.append(BucketRoute(
             name=b.name, max_output_len=b.max_output_len, config=config_of_row(row), figures=figures,
-            baselines=baselines, gains=gains, load_variants=tuple(variants), cells=cells,
+            baselines=baselines, gains=gains_over(figures, baselines), cells=choice.cells,
             workload=b.workload.to_dict(),
         ))
     if budget is not None:

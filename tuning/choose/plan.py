@@ -28,9 +28,8 @@ __all__ = ["plan_replicas"]
 def plan_replicas(table: RoutingTable, results: Any, buckets: Sequence[Bucket], traffic: Any = None) -> RoutingTable:
     """``table`` on its budget's GPUs as :func:`tuning.choose.replicas.plan_serving` plans it: cells and bucket
     primaries that do not pay for the replicas they take handed to configs it keeps, replicas per engine
-    in ``provenance.gpu_budget.replicas``, what changed and the predicted mix in its notes. A table with
-    load variants, or one whose mix the results do not cover, is returned with one replica each and a
-    note saying why.
+    in ``provenance.gpu_budget.replicas``, what changed and the predicted mix in its notes. A table whose
+    mix the results do not cover is returned with one replica each and a note saying why.
 
     With ``share_gpu`` the engines may also time-share each GPU (:func:`tuning.choose.shared_gpu.plan_shared_gpu`:
     configs with a known footprint, :func:`tuning.choose.footprints.footprint_of`, that fit one GPU together):
@@ -49,8 +48,6 @@ def plan_replicas(table: RoutingTable, results: Any, buckets: Sequence[Bucket], 
         return table.model_copy(update={"provenance": table.provenance.model_copy(update={"gpu_budget": new_budget}),
                                         **({"buckets": buckets} if buckets is not None else {})})
 
-    if any(b.load_variants for b in table.buckets):
-        return noted("replicas not planned: the table has load variants (one replica each)")
     measured = [m for b in buckets for m in cell_measurements(results, b)]
     primary_band = routing.band_of(buckets[0].primary_temperature)
     levels = sorted({m.in_flight for m in measured})

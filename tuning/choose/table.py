@@ -61,11 +61,8 @@ def no_worse_than_one_config(table: RoutingTable, results: Any, buckets: Sequenc
     table that needs more engines must pay for them on the user's mix, and it must never be worse than
     one config everywhere. The prediction splits the engines' time between the mix's parts at will (as
     with enough replicas per config); whole engines are the replica plan's business (``--serve-gpus``),
-    and the summary shows the table on one engine per config beside it. A table with load variants is
-    returned as it is (the prediction does not model them)."""
+    and the summary shows the table on one engine per config beside it."""
 
-    if any(b.load_variants for b in table.buckets):
-        return table
     if constraints is not None and not results.empty:
         results = results[constraints.mask(results)]
     pred, where = predict_on_mix(table, results, buckets, traffic)

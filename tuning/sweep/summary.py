@@ -54,7 +54,7 @@ def print_summary(outcome: SweepOutcome, *, console: Any = None, traffic: Any = 
                           ("accept len", "right"), ("vs MTP off", "right"), ("vs static", "right")):
             t.add_column(col, justify=just, no_wrap=col == "best config")  # type: ignore[arg-type]
         for r in summary_rows(outcome.table):
-            t.add_row(r["bucket"], r["config"] + ("".join(f"\n  {v}" for v in r["load_variants"])),
+            t.add_row(r["bucket"], r["config"] + ("".join(f"\n  {c}" for c in r["cells"])),
                       f"{r['output_throughput']:,.0f}",
                       f"{r['accept_length']:.2f}" if r["accept_length"] else "-",
                       _pct(r["gain_vs_mtp_off"]), _pct(r["gain_vs_static"]))
@@ -233,7 +233,6 @@ def summary_rows(table: RoutingTable) -> list[dict[str, Any]]:
             "bucket": b.name, "config": cfg.label(), "output_throughput": b.figures.output_throughput,
             "accept_length": b.figures.accept_length,
             "gain_vs_mtp_off": b.gains.get("mtp_off"), "gain_vs_static": b.gains.get("static"),
-            "load_variants": [f">={v.min_concurrency}: {v.engine_config().label()}" for v in b.load_variants]
-            + [f"{c.sampling or 'any'} >={c.min_in_flight}: {c.engine_config().label()}" for c in b.cells],
+            "cells": [f"{c.sampling or 'any'} >={c.min_in_flight}: {c.engine_config().label()}" for c in b.cells],
         })
     return out
