@@ -82,7 +82,8 @@ class ScalingSpec(_Args):
     upscale_delay_s: float | None = Field(default=None, ge=0)
     downscale_delay_s: float | None = Field(default=None, ge=0)
     look_back_period_s: float | None = Field(
-        default=None, gt=0, description="the window Serve averages ongoing requests over (its default: 30 s)")
+        default=None, gt=0, description="the window Serve averages ongoing requests over (its default: 30 s); "
+                                        "longer than Serve's metrics interval (serve_metrics_interval_s)")
 
     @model_validator(mode="after")
     def _consistent(self) -> ScalingSpec:
@@ -93,6 +94,11 @@ class ScalingSpec(_Args):
             lo, hi = self.min_replicas or 0, self.max_replicas or max(1, self.min_replicas or 1)
             if lo > hi:
                 raise ValueError(f"min_replicas={lo} > max_replicas={hi}")
+            interval = serve_metrics_interval_s()
+            if self.look_back_period_s is not None and self.look_back_period_s <= interval:
+                raise ValueError(
+                    f"look_back_period_s={self.look_back_period_s:g} must be longer than Serve's metrics interval "
+                    f"({interval:g} s): Ray warns about a shorter window today and will refuse it")
             if self.target_ongoing_requests is not None and self.target_ongoing_requests > self.max_ongoing_requests:
                 raise ValueError(
                     f"target_ongoing_requests={self.target_ongoing_requests} exceeds max_ongoing_requests="
@@ -119,6 +125,14 @@ class ScalingSpec(_Args):
         else:
             opts["num_replicas"] = self.num_replicas if self.num_replicas is not None else 1
         return opts
+
+
+def serve_metrics_interval_s() -> float:
+    """The interval Ray Serve checks ``look_back_period_s`` against (``AutoscalingConfig.metrics_interval_s``,
+    deprecated for the push-interval environment variables but still what its validator reads)."""
+    from ray.serve.config import AutoscalingConfig
+
+    return float(AutoscalingConfig.model_fields["metrics_interval_s"].default)
 
 
 class EngineOptions(_Args):

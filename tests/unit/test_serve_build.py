@@ -74,6 +74,7 @@ def test_versions_change_only_for_what_changed(tmp_path):
 @pytest.mark.parametrize("args, message", [
     ({"scaling": {"le9": {"num_replicas": 1}}}, "match no bucket"),
     ({"scaling": {"default": {"num_replicas": 1, "max_replicas": 3}}}, "either num_replicas"),
+    ({"scaling": {"default": {"max_replicas": 3, "look_back_period_s": 2}}}, "longer than Serve's metrics interval"),
     ({"engine": {"health_timeout_s": 40}}, "health_check_timeout_s"),
     ({"bogus": 1}, "bogus"),
 ])
