@@ -23,9 +23,8 @@ from orchestrator.ports import find_free_port
 from orchestrator.raycluster import auth_env, auth_help, is_this_host
 
 pytest.importorskip("ray")
-# The local deploy's plain ``ray.init()`` connects to the cluster /tmp/ray/ray_current_cluster names, which
-# tests/integration/test_multinode.py's ``Cluster`` writes: with pytest-xdist, never beside it.
-pytestmark = pytest.mark.xdist_group("ray-default-address")
+# The local deploy's plain ``ray.init()`` connects to the cluster /tmp/ray/ray_current_cluster names: the
+# ``ray start`` clusters here write it; tests/integration/test_multinode.py keeps its ``Cluster``'s elsewhere.
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE = EngineConfig(backend="sim", model="intern-s2-preview-8xh200", tp=8)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -37,10 +38,7 @@ from tuning.sweep import SweepSpec, run_sweep
 from tuning.sweep.records import reported_trial_ids
 from tuning.sweep.space import ROLE_MTP_OFF, ROLE_STATIC, NamedPoint, SearchSpace
 
-# ``ray.cluster_utils.Cluster`` writes its address to /tmp/ray/ray_current_cluster, where a plain
-# ``ray.init()`` (the deploy CLI without --address) would find it: with pytest-xdist, never beside
-# tests/integration/test_deploy_cli.py.
-pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("ray-default-address")]
+pytestmark = pytest.mark.timeout(600)
 
 NODE_ENV = "MTP_TEST_NODE"
 """Environment variable naming the raylet an engine process descends from (see the module docstring)."""
@@ -87,9 +85,23 @@ class MultiNode:
 
 @pytest.fixture(scope="module")
 def multinode() -> Iterator[MultiNode]:
+    """The module's cluster, in a Ray temp folder of its own: ``Cluster`` writes its address to
+    ``$RAY_TMPDIR/ray/ray_current_cluster``, where a plain ``ray.init()`` on this machine (the deploy CLI
+    without --address, tests/integration/test_deploy_cli.py on another pytest-xdist worker) would find
+    it and join it. A short path: Ray's Unix sockets live under it."""
+    import tempfile
+
     import ray
     from ray.cluster_utils import Cluster
 
+    temp_dir = tempfile.mkdtemp(prefix="raymn-", dir="/tmp")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("RAY_TMPDIR", temp_dir)
+        yield from _cluster(ray, Cluster)
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _cluster(ray, Cluster) -> Iterator[MultiNode]:
     cluster = Cluster(initialize_head=True, connect=False, head_node_args={
         # No CPUs to lend either: simulated engines reserve no GPU, and nothing but Ray's own
         # zero-CPU actors (Serve's controller, the router, the sweep's cache) may land on the head.
@@ -508,7 +520,7 @@ def test_a_load_ramp_scales_one_buckets_engines_out_across_nodes_and_back(multin
     bucket = "le1024"
     served["deploy"](time_scale=2.0, scaling={bucket: {"min_replicas": 1, "max_replicas": 3,
                                                        "target_ongoing_requests": 1, "upscale_delay_s": 0,
-                                                       "downscale_delay_s": 1, "look_back_period_s": 2}})
+                                                       "downscale_delay_s": 1, "look_back_period_s": 11}})
     url, key = served["url"], served["keys"][bucket]
     _wait("the app at one replica per deployment", lambda: all(v == 1 for v in running_replicas().values())
           and len(running_replicas()) == 4)
