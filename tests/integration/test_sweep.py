@@ -51,10 +51,7 @@ def test_tiny_sweep_picks_per_bucket_best_and_survives_a_crash(tmp_path):
                                       "max_batch_size": 64}, ("--fault", "crash-at-start"))
     space = _space()
     space = space.replace(points=(*space.points, crash))
-    # Time scale 1: on a host with a busy core the bench client's own gaps between a request's end and the
-    # next send (not the engines, which kept their schedule) cost le256's short requests 33-48 % at scale 2,
-    # more than the configs differ there; at scale 1 the requests last twice as long against the same gaps.
-    spec = _spec(tmp_path, space, (256, 4096), sweep_id="tiny", prompts=16, time_scale=1.0)
+    spec = _spec(tmp_path, space, (256, 4096), sweep_id="tiny", prompts=16)
     out = run_sweep(spec, num_trials=5, live=False)
     assert out.error is None, out.error
 
@@ -69,9 +66,15 @@ def test_tiny_sweep_picks_per_bucket_best_and_survives_a_crash(tmp_path):
     table = routing.load(Path(spec.run_dir) / "routing_table.json")
     assert table.provenance.simulated and table.provenance.gpu_type == "none (simulated)"
     assert set(table.bucket("le256").baselines) == {"mtp_off", "static"}
-    short, long_ = table.bucket("le256").engine_config(), table.bucket("le4096").engine_config()
-    assert long_.speculative, table.to_json()
-    assert short.num_draft_tokens < long_.num_draft_tokens, table.to_json()
+    # Each bucket gets the config measured best on it (figures measured once: no interval to call two
+    # configs the same). Which one that is for le256 is not asserted: there MTP off leads MTP-2 by 8 % in
+    # the simulator's model, and the bench client's own gaps between requests on a busy 2-core host (the
+    # engines on their schedule) moved le256's figures by more (MTP-2 measured above MTP off in one run).
+    ok = df[df.status == "ok"]
+    for name in ("le256", "le4096"):
+        best = ok[ok.bucket == name].sort_values("output_throughput").iloc[-1]
+        assert table.bucket(name).engine_config().key() == best.engine_key, (name, ok[ok.bucket == name])
+    assert table.bucket("le4096").engine_config().speculative, table.to_json()  # MTP leads there by 5-11 %
     assert table.bucket("le4096").gains["mtp_off"] > 0
 
     # The summary's mixed-workload line: buckets that disagree make the table beat every single config.
@@ -84,7 +87,8 @@ def test_tiny_sweep_picks_per_bucket_best_and_survives_a_crash(tmp_path):
     from tuning.sweep import mixed_line
 
     pred = predict(per_config_throughput(df), bucket_tokens(df, bucket_prompts(spec.buckets)))
-    assert pred.ratio > 1.0 and len(pred.singles) == 4  # the crashed config measured nothing
+    assert len(pred.singles) == 4  # the crashed config measured nothing
+    assert pred.ratio > 1.0 if len(table.distinct_configs()) > 1 else pred.ratio == pytest.approx(1.0)
     line = mixed_line(table, df)
     assert f"{pred.ratio:.2f}x" in line and "predicted" in line, line
 
