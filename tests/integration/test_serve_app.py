@@ -189,7 +189,9 @@ def test_bench_through_the_router_reports_simulated_figures_in_simulated_time(cl
     from tuning.bench import benchmark
     from tuning.workload import Workload
 
-    workload = Workload(input_len=16, output_len=32, range_ratio=1.0, num_prompts=8, max_concurrency=4)
+    # Requests long enough (~4 s of wall-clock span) that the call's own overhead (its client and
+    # tokenizer set-up, ~1-2 s on a busy host) cannot exceed the span it measures.
+    workload = Workload(input_len=16, output_len=256, range_ratio=1.0, num_prompts=8, max_concurrency=4)
     started = time.monotonic()
     result = benchmark(cluster.base, workload, api_key=API_KEY)
     wall_s = time.monotonic() - started
