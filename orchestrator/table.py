@@ -185,6 +185,11 @@ class Cell(_EngineRoute, _Model):
     def engine_config(self) -> EngineConfig:
         return EngineConfig.from_dict(self.config)
 
+    @property
+    def label(self) -> str:
+        """``BAND@N``: the cell's sampling band (``any`` for a cell of every band) and its load level."""
+        return f"{self.sampling or 'any'}@{self.min_in_flight}"
+
     def gain(self) -> float | None:
         """Relative output-throughput gain over the primary on this cell (0.15 = +15 %)."""
         if self.primary_figures is None or self.primary_figures.output_throughput <= 0:
@@ -215,7 +220,8 @@ def cells_of_load_variants(cells: Iterable[Mapping[str, Any]], variants: Iterabl
     at that level, same config), so the variant's every-band cell, now winning on level, takes only the
     bands it took before. Tables the sweep wrote never had both (cells came with temperature cells,
     variants without); the exact reading is for tables written by hand."""
-    out = [dict(c) for c in cells]
+    original = [dict(c) for c in cells]
+    out = list(original)
     parsed = []
     for v in variants:
         if not isinstance(v, Mapping) or not isinstance(v.get("min_concurrency"), int):
@@ -223,13 +229,13 @@ def cells_of_load_variants(cells: Iterable[Mapping[str, Any]], variants: Iterabl
         parsed.append(v)
     levels = [v["min_concurrency"] for v in parsed]
     if levels != sorted(set(levels)):
-        raise ValueError(f"bucket {bucket!r}: load_variants must have strictly increasing min_concurrency, got {levels}")
+        raise ValueError(f"bucket {bucket!r}: load_variants must have strictly increasing min_concurrency, "
+                         f"got {levels}")
 
     def level(c: Mapping[str, Any]) -> int:
         n = c.get("min_in_flight", 1)
         return n if isinstance(n, int) else 1
 
-    original = [dict(c) for c in cells]
     for v in parsed:
         n = v["min_concurrency"]
         if any(c.get("sampling") is None and level(c) <= n for c in original):

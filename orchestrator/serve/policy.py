@@ -150,7 +150,7 @@ def choose_route(
     wanted = table.bucket_for(request_max_tokens)
     band = table.band_for(temperature)
     band_name = band.name if band is not None else None
-    deployment, reason, cell = _by_cell_or_load(wanted, band_name, live_load)
+    deployment, reason, cell = _by_cell(wanted, band_name, live_load)
     if is_healthy(deployment):
         roomier = _with_room(table, deployment, live_load, is_healthy)
         if roomier is not None:
@@ -172,7 +172,7 @@ def choose_route(
     )
     for i in order:
         other = table.buckets[i]
-        preferred, _, _ = _by_cell_or_load(other, band_name, live_load)
+        preferred, _, _ = _by_cell(other, band_name, live_load)
         candidates = [preferred, *(n for n, _ in bucket_deployments(other) if n != preferred)]
         for name in candidates:
             if is_healthy(name):
@@ -202,7 +202,7 @@ def _with_room(table: RoutingTable, chosen: str, live_load: Mapping[str, float],
     return min(room)[1] if room else None
 
 
-def _by_cell_or_load(bucket: BucketRoute, band: str | None, live_load: Mapping[str, float]) -> tuple[str, str, str]:
+def _by_cell(bucket: BucketRoute, band: str | None, live_load: Mapping[str, float]) -> tuple[str, str, str]:
     """The bucket's deployment for the request's sampling band and the primary's live load (its matching
     cell's, else the primary), with the reason and the cell label."""
     primary = bucket_deployments(bucket)[0][0]
@@ -210,5 +210,4 @@ def _by_cell_or_load(bucket: BucketRoute, band: str | None, live_load: Mapping[s
     cell = bucket.cell_for(band, max(1, int(load)))
     if cell is None:
         return primary, "bucket", "primary"
-    label = f"{cell.sampling or 'any'}@{cell.min_in_flight}"
-    return deployment_name(cell.engine_config().key()), f"cell:{label}", label
+    return deployment_name(cell.engine_config().key()), f"cell:{cell.label}", cell.label

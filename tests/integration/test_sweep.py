@@ -36,13 +36,12 @@ def _space(**kw) -> SearchSpace:
     return SearchSpace(**base).with_baselines()
 
 
-def _spec(tmp_path: Path, space: SearchSpace, bounds=(256,), *, sweep_id: str, prompts: int = 8, time_scale: float = 2.0,
-          **kw) -> SweepSpec:
+def _spec(tmp_path: Path, space: SearchSpace, bounds=(256,), *, sweep_id: str, prompts: int = 8, **kw) -> SweepSpec:
     # Concurrency 8: per the sim's model, short outputs lose with MTP there (2445 vs 2255 tok/s for
     # le256 at 2 drafts) while long ones gain (3766 vs 3370 for le4096) - buckets disagree.
     buckets = make_buckets(bounds, input_len=256, concurrency_levels=(8,), num_prompts=prompts)
     return SweepSpec(sweep_id=sweep_id, run_dir=str(tmp_path / sweep_id), space=space, buckets=buckets,
-                     sim_time_scale=time_scale, steady_state=None, max_concurrent_trials=2, n_startup_trials=3,
+                     sim_time_scale=2.0, steady_state=None, max_concurrent_trials=2, n_startup_trials=3,
                      ready_timeout_s=60, **kw)
 
 

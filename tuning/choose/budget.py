@@ -87,7 +87,7 @@ def fit_cells(routes: list[BucketRoute], budget: GpuBudget) -> tuple[list[Bucket
             break
         _, i, j = min(candidates)
         cell = routes[i].cells[j]
-        notes.append(f"{routes[i].name} cell {cell.sampling or 'any'}@{cell.min_in_flight}: "
+        notes.append(f"{routes[i].name} cell {cell.label}: "
                      f"{cell.engine_config().label()} does not fit {budget.gpus} {CELL_DROPPED}")
         routes[i] = routes[i].model_copy(update={"cells": routes[i].cells[:j] + routes[i].cells[j + 1:]})
     return routes, notes

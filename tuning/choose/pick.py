@@ -16,7 +16,6 @@ import pandas as pd
 from orchestrator.table import (
     BucketFigures,
     BucketRoute,
-    Cell,
     GpuBudget,
     Provenance,
     RoutingTable,
@@ -66,7 +65,8 @@ def pick_best(
     gains over them; and its cells (:func:`tuning.choose.cells.choose_cells`): every other (sampling band,
     concurrency) whose best config beats the one it would otherwise get beyond the noise and by more than
     ``cell_min_gain`` (a bucket measured at one temperature gets load cells that hold for every band, as
-    its primary does); cells that do not fit the budget are dropped, least gain first. The noise: one round's, pooled over every row measured
+    its primary does); cells that do not fit the budget are dropped, least gain first. The noise: one
+    round's, pooled over every row measured
     in rounds (:func:`~tuning.choose.noise.pooled_noise`); two configs differ where the interval of their ratio excludes 1.
     A cell left on the bucket's config because its comparison was within noise is named in
     ``provenance.notes`` with the rounds that would decide it: a second sweep may decide it otherwise.

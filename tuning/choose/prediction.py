@@ -48,7 +48,8 @@ def predict_on_mix(table: RoutingTable, results: Any, buckets: Sequence[Bucket],
     """``table`` and every single config measured on every part of ``traffic`` (a
     :class:`tuning.traffic.TrafficMix`) within ``constraints`` (a :class:`tuning.choose.constraints.Constraints`),
     predicted from ``results`` over every load level measured (in equal token shares) or at the buckets'
-    primary load (:func:`tuning.choose.mix.predict_mix`: the engines' time split between parts at will). Returns ``(prediction, where)``, or ``(None, why not)``."""
+    primary load (:func:`tuning.choose.mix.predict_mix`: the engines' time split between parts at will).
+    Returns ``(prediction, where)``, or ``(None, why not)``."""
 
     inputs, where = _mix_inputs(table, results, buckets, traffic, constraints)
     if inputs is None:
