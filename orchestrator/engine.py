@@ -52,6 +52,12 @@ _ADDRESS_IN_USE_MARKERS = ("address already in use", "errno 98", "eaddrinuse")
 _POLL_INTERVAL_S = 0.25
 _MAX_POLL_INTERVAL_S = 2.0
 _GROUP_GONE_AFTER_KILL_S = 15.0
+STOP_GRACE_S = 30.0
+"""How long :meth:`EngineProcess.stop` waits after SIGTERM before SIGKILL: an engine that answers gets
+time to finish its graceful shutdown."""
+UNRESPONSIVE_STOP_GRACE_S = 3.0
+"""The same wait for an engine whose last health check went unanswered: its graceful shutdown waits on
+requests that never finish, so a long grace only keeps its GPU memory held."""
 
 
 def engine_argv(
@@ -147,6 +153,7 @@ class EngineProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         self._retried_port = False
         self._stopped = False
+        self._unresponsive = False
         self._lock = threading.RLock()
 
     # ----- identity --------------------------------------------------------------------------------
@@ -214,6 +221,7 @@ class EngineProcess:
                     f"docs/gpu.md)."
                 ) from None
         self._stopped = False
+        self._unresponsive = False
 
     def _environment(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -290,9 +298,11 @@ class EngineProcess:
         if status == 404:
             status = self._http_status(self.config.engine.readiness_path, timeout_s)
         if status == 200:
+            self._unresponsive = False
             return
         if proc.poll() is not None:  # died while we were asking
             raise self._died_error("engine is not running")
+        self._unresponsive = True
         what = "did not answer" if status is None else f"answered HTTP {status}"
         raise EngineNotReadyError(
             f"engine {self.config.label()} at {self.base_url} {what} to a health check within "
@@ -303,9 +313,14 @@ class EngineProcess:
     def is_alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def stop(self, timeout_s: float = 30.0) -> None:
+    def stop(self, timeout_s: float | None = None) -> None:
         """SIGTERM the process group, SIGKILL what is left after ``timeout_s``, and return once the
-        group is gone (LMDeploy's TP workers hold GPU memory until they exit). Idempotent."""
+        group is gone (LMDeploy's TP workers hold GPU memory until they exit). Idempotent.
+
+        ``timeout_s`` defaults to :data:`STOP_GRACE_S`, or :data:`UNRESPONSIVE_STOP_GRACE_S` when the last
+        :meth:`check_health` went unanswered."""
+        if timeout_s is None:
+            timeout_s = UNRESPONSIVE_STOP_GRACE_S if self._unresponsive else STOP_GRACE_S
         with self._lock:
             proc = self._proc
             if proc is None or self._stopped:

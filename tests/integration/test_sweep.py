@@ -157,19 +157,22 @@ def test_a_trial_that_gets_its_resources_after_the_time_budget_does_not_start_an
     """``--time-budget-s``: no new trial starts after it. Tune creates trials ahead of their resources
     (on the H200 the 0.9-GPU static baseline waited 9 minutes, then started past the budget and was cut
     by the call's limit); the trial checks the budget when it is about to start its engine. Here one
-    trial at a time fits (2 CPUs each), the first runs ~30 s, the second is created at once and gets its
-    CPUs after the 25 s budget: it must end without starting an engine, and a resume must run it. The
-    first trial's engine must start inside the budget: on a busy host Tune took more than 15 s to get
-    there, so the budget is 25 s and the start-up longer than it."""
-    slow = ("--startup-delay", "60")  # simulated seconds: 30 s of wall-clock start-up at time scale 2
-    spec = _spec(tmp_path, _space(num_draft_tokens=(2,), extra_flags=slow), sweep_id="late",
-                 trial_resources={"cpu": 2, "gpu": 0})
+    trial at a time fits (2 CPUs each): the first (MTP off) starts its engine inside the 25 s budget and
+    takes 30 s to start it, the second is created at once and gets its CPUs after the budget: it must end
+    without starting an engine, and a resume must run it. The first trial's engine must start inside the
+    budget: on a busy host Tune took more than 15 s to get there, so the budget is 25 s. Only the first
+    engine starts slowly: the resumed trial need not wait again."""
+    space = _space(num_draft_tokens=(2,))
+    off, *rest = space.points
+    assert off.role == ROLE_MTP_OFF
+    slow = NamedPoint(off.role, off.params, ("--startup-delay", "60"))  # simulated s: 30 s at time scale 2
+    spec = _spec(tmp_path, space.replace(points=(slow, *rest)), sweep_id="late", trial_resources={"cpu": 2, "gpu": 0})
     first = run_sweep(spec, num_trials=2, time_budget_s=25, live=False)
     rows = first.results
     started = set(os.listdir(Path(spec.run_dir) / "engine-logs"))
     late = rows[~rows.trial_id.isin(started)]
     assert len(started) == 1 and late.trial_id.nunique() == 1, rows[["trial_id", "role", "status", "failure_reason"]]
-    assert (late.status == "failed").all()
+    assert (late.status == "failed").all() and (late.role == ROLE_STATIC).all(), late[["role", "status"]]
     reason = late.failure_reason.iloc[0]
     assert "time budget" in reason and "--resume" in reason and "Traceback" not in reason, reason
     assert first.error and "baseline" in first.error  # one baseline unmeasured: no table

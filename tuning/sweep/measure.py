@@ -175,6 +175,11 @@ def measure_steps(buckets: Sequence[Bucket], *, burn_in: bool) -> list[tuple[Buc
     return steps + [(b, c, t, True) for b in buckets for c, t in b.points()]
 
 
+SIM_INFO_TIMEOUT_S = 5.0
+"""As long as a health check waits: a simulated engine that does not answer ``/sim/info`` within it is
+hung, and the health check after the run says so."""
+
+
 def sim_loop_counters(base_url: str) -> dict[str, dict[str, float]] | None:
     """A simulated engine's loop counters so far (``GET /sim/info``, :func:`tuning.drive.backend.sim_counters_of`):
     its steps and the simulated seconds it ran behind its deadlines, summed over them; ``None`` when they
@@ -184,7 +189,7 @@ def sim_loop_counters(base_url: str) -> dict[str, dict[str, float]] | None:
     from tuning.drive.backend import sim_counters_of
 
     try:
-        return sim_counters_of(httpx.get(base_url + "/sim/info", timeout=30).json()) or None
+        return sim_counters_of(httpx.get(base_url + "/sim/info", timeout=SIM_INFO_TIMEOUT_S).json()) or None
     except (httpx.HTTPError, ValueError):
         return None
 
