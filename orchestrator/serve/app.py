@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from orchestrator.config import SHARED_GPU_HEADROOM, EngineConfig, gpus_needed
 from orchestrator.errors import ConfigError
 from orchestrator.raycompat import with_deployment_version
+from orchestrator.serve.metrics import ESTIMATE_WINDOW_S
 from orchestrator.serve.protocol import DEFAULT_MAX_BODY_BYTES
 from orchestrator.serve.router import DEFAULT_BODY_TIMEOUT_S, RouterSpec, hash_api_key
 from orchestrator.sim.resources import ENGINE_CPUS as SIM_ENGINE_CPUS
@@ -147,6 +148,11 @@ class EngineOptions(_Args):
     health_timeout_s: float = Field(default=5.0, gt=0, description="timeout of one engine /health probe")
     metrics_poll_s: float = Field(default=5.0, gt=0)
     accept_length_low_threshold: float = Field(default=1.5, ge=1.0)
+    accept_length_window_s: float = Field(
+        default=ESTIMATE_WINDOW_S, gt=0,
+        description="how far back the live accept-length estimate looks: shorter sees a change of traffic sooner, "
+                    "longer is steadier",
+    )
     num_cpus: float | None = Field(
         default=None, ge=0,
         description="CPUs each engine replica reserves; default: 1 for LMDeploy engines, a measured fraction for "
@@ -498,6 +504,7 @@ def build_app(
             "health_timeout_s": opts.health_timeout_s,
             "metrics_poll_s": opts.metrics_poll_s,
             "accept_length_low_threshold": opts.accept_length_low_threshold,
+            "accept_length_window_s": opts.accept_length_window_s,
         }
         if cfg.simulated and (shared := simulated_shared_gpu(table, key)) is not None:
             kwargs["sim_shared_gpu"] = shared

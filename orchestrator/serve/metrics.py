@@ -135,7 +135,7 @@ class AcceptLengthTracker:
 
     num_draft_tokens: int
     window: int
-    """Scrape intervals the estimate spans; :meth:`for_poll` makes it :data:`ESTIMATE_WINDOW_S` worth."""
+    """Scrape intervals the estimate spans; :meth:`for_poll` makes it a span of seconds."""
     names: MetricNames = LMDEPLOY_METRICS
     """The engine's counter names (its backend's :class:`~orchestrator.backends.MetricNames`)."""
     accept_length: float | None = field(default=None, init=False)
@@ -150,10 +150,10 @@ class AcceptLengthTracker:
             raise ValueError(f"window={self.window}; allowed: >= 1 scrape interval")
 
     @classmethod
-    def for_poll(cls, num_draft_tokens: int, poll_s: float,
-                 names: MetricNames = LMDEPLOY_METRICS) -> AcceptLengthTracker:
-        """A tracker whose estimate spans :data:`ESTIMATE_WINDOW_S` of scrapes ``poll_s`` apart."""
-        return cls(num_draft_tokens, window=max(1, round(ESTIMATE_WINDOW_S / poll_s)), names=names)
+    def for_poll(cls, num_draft_tokens: int, poll_s: float, names: MetricNames = LMDEPLOY_METRICS, *,
+                 window_s: float = ESTIMATE_WINDOW_S) -> AcceptLengthTracker:
+        """A tracker whose estimate spans ``window_s`` of scrapes ``poll_s`` apart."""
+        return cls(num_draft_tokens, window=max(1, round(window_s / poll_s)), names=names)
 
     def update(self, samples: Mapping[str, float], sequences: int) -> float | None:
         """Take one scrape (``samples``, :func:`parse_prometheus_text`) and the replica's running total

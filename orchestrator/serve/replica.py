@@ -46,6 +46,7 @@ from typing import Any
 from orchestrator.config import EngineConfig
 from orchestrator.errors import EngineDiedError, EngineNotReadyError, OrchestratorError
 from orchestrator.serve.metrics import (
+    ESTIMATE_WINDOW_S,
     AcceptLengthTracker,
     EngineMetrics,
     drafting_sequences,
@@ -124,6 +125,7 @@ class EngineReplica:
         metrics_poll_s: how often the replica scrapes the engine's ``/metrics``.
         accept_length_low_threshold: the ``mtp_engine_accept_length_low`` gauge is 1 when the engine's
             estimated tokens per step (``mtp_engine_tokens_per_step_estimate``) is below this.
+        accept_length_window_s: how far back that estimate looks.
         sim_shared_gpu: the directory of the simulated GPU this engine shares with others (backend ``sim``
             only; :mod:`orchestrator.sim.gpu_share`): engines busy on it at once slow each other.
     """
@@ -139,6 +141,7 @@ class EngineReplica:
         health_timeout_s: float = 5.0,
         metrics_poll_s: float = 5.0,
         accept_length_low_threshold: float = 1.5,
+        accept_length_window_s: float = ESTIMATE_WINDOW_S,
         sim_shared_gpu: str | None = None,
     ) -> None:
         import ray
@@ -159,6 +162,7 @@ class EngineReplica:
         self._health_timeout_s = float(health_timeout_s)
         self._metrics_poll_s = float(metrics_poll_s)
         self._threshold = float(accept_length_low_threshold)
+        self._accept_window_s = float(accept_length_window_s)
         self.engine = EngineProcess(
             self.config,
             gpus=gpus,
@@ -180,7 +184,8 @@ class EngineReplica:
         self._session: Any = None
         self._poller: asyncio.Task[None] | None = None
         self._names = self.config.engine.metrics_for(self.config)
-        self._accept = AcceptLengthTracker.for_poll(self.config.num_draft_tokens, self._metrics_poll_s, self._names)
+        self._accept = AcceptLengthTracker.for_poll(self.config.num_draft_tokens, self._metrics_poll_s, self._names,
+                                                   window_s=self._accept_window_s)
         # Sequences that could draft, of requests the engine answered (ended or cut off): the tracker's divisor.
         self._sequences_answered = 0
         self._metrics_scrapes = 0  # successful scrapes of the engine's /metrics

@@ -55,6 +55,8 @@ BUCKET_CONFIGS = {
     "le4096": {**OFF, "speculative_algorithm": "qwen3_5_mtp", "num_draft_tokens": 4,
                "extra_flags": ("--fault", "crash-after:2")},
 }
+ACCEPT_WINDOW_S = 10.0
+"""The live accept-length estimate's window (a minute by default): the alert follows the traffic within it."""
 ACCEPT_LENGTH_LOW_ALERT = "max by (engine) (ray_mtp_engine_accept_length_low) == 1"
 """The alert the README recommends on a low live accept length."""
 
@@ -146,7 +148,8 @@ def stack() -> Iterator[dict]:
         serve.run(build_app({
             "routing_table": str(table_path), "sim_time_scale": 4.0,
             "engine": {"log_dir": str(temp / "engine-logs"), "metrics_poll_s": 1.0, "num_cpus": 0.5,
-                       "health_check_period_s": 1.0, "health_check_timeout_s": 3.0, "health_timeout_s": 1.0},
+                       "health_check_period_s": 1.0, "health_check_timeout_s": 3.0, "health_timeout_s": 1.0,
+                       "accept_length_window_s": ACCEPT_WINDOW_S},
             "router": {"num_cpus": 0.5, "status_refresh_s": 0.5},
         }), name=APP, route_prefix="/")
         discovery = temp / "ray" / "prom_metrics_service_discovery.json"
@@ -220,8 +223,8 @@ def test_every_dashboard_query_returns_data_and_the_low_accept_alert_fires(stack
         load.stop()
     assert load.statuses and set(load.statuses) == {200}, load.statuses
 
-    # Sampled traffic (temperature 1) drops the MTP engine's acceptance: the alert fires for it, once the
-    # minute the estimate spans holds mostly sampled steps (about 40 s here).
+    # Sampled traffic (temperature 1) drops the MTP engine's acceptance: the alert fires for it once the
+    # estimate's window holds mostly sampled steps.
     sampled = Load(url, [(1024, 1.0), (1024, 1.0)])
     try:
         _wait("the accept-length alert firing for the MTP engine", lambda: prom.firing().get(mtp_engine) == "firing",

@@ -146,6 +146,7 @@ def test_the_accept_length_is_the_last_intervals_and_older_intervals_leave_the_w
 
 def test_the_window_is_chosen_and_the_figures_are_not_arguments():
     assert AcceptLengthTracker.for_poll(N, 5.0).window == WINDOW and AcceptLengthTracker.for_poll(N, 120.0).window == 1
+    assert AcceptLengthTracker.for_poll(N, 1.0, window_s=10.0).window == 10
     with pytest.raises(ValueError, match="window"):
         _tracker(0)
     with pytest.raises(TypeError):
