@@ -17,6 +17,7 @@ import logging
 import os
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -53,8 +54,12 @@ class OpenAIError(OrchestratorError):
         return web.json_response(body, status=self.status)
 
 
-HOLD_MAX_S = 0.25
+HOLD_MAX_S = 1.0
 """Longest wall time the clock waits for a closed-loop client's next request (see ``SimEngine._hold``)."""
+
+CLIENT_LATE_FORGET_S = 10.0
+"""Wall seconds after which a closed-loop client's overdue request is taken as never coming (the client
+stopped early or went away) instead of late (see ``SimEngine.client_lateness_s``)."""
 
 RUN_AHEAD_S = 0.005
 """Wall seconds the engine loop computes ahead of the clock before it sleeps (see ``SimEngine._run``).
@@ -102,6 +107,7 @@ class SimEngine:
         self._hold_timer: asyncio.TimerHandle | None = None
         self._resume = asyncio.Event()
         self._client_queued: int | None = None  # requests queued at the closed-loop client (sim_queued)
+        self._overdue: deque[float] = deque()  # wall time each request owed by an expired hold became overdue
         self.epoch0 = time.time()  # simulated timestamps are epoch0 + simulated seconds
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -112,6 +118,9 @@ class SimEngine:
         self.counters = dict(drafts=0, draft_tokens=0, accepted=0, generation_tokens=0, prompt_tokens=0,
                              requests=0, steps=0, late_steps=0)
         self.lateness_s = 0.0  # simulated seconds the loop fell behind its deadlines (overhead distortion)
+        # Simulated seconds closed-loop clients left a slot empty past HOLD_MAX_S, summed over their late
+        # requests: a client starved of CPU is a distortion the engine's own lateness does not show.
+        self.client_lateness_s = 0.0
 
     def _slowdown(self) -> Callable[[float], float] | None:
         """The factor on each iteration's time: the run-to-run noise's, times the number of engines busy on
@@ -138,7 +147,8 @@ class SimEngine:
     # says how many requests it still has queued (``"sim_queued": N``) is held for at most that many:
     # once its queue is empty, finishes are not followed by new requests and must not stop the clock.
     # Holds stop the clock only, never the delivery of tokens. Requests without the field (any
-    # ordinary client) never hold.
+    # ordinary client) never hold. A hold that runs out leaves its requests overdue: the simulated time
+    # until each arrives is ``client_lateness_s`` (a benchmark measures again when it is a sizeable share).
     def _hold(self, finished: int) -> None:
         if self._client_queued is not None:
             finished = min(finished, self._client_queued)
@@ -148,9 +158,19 @@ class SimEngine:
         if self._hold_started is None:
             self._hold_started = time.monotonic()
             self._resume.clear()
-            self._hold_timer = asyncio.get_running_loop().call_later(HOLD_MAX_S, self._release_hold)
+            self._hold_timer = asyncio.get_running_loop().call_later(HOLD_MAX_S, self._hold_ran_out)
+
+    def _hold_ran_out(self) -> None:
+        self._overdue.extend([time.monotonic()] * self._hold_owed)
+        self._release_hold()
 
     def _arrived(self) -> None:
+        now = time.monotonic()
+        while self._overdue and now - self._overdue[0] > CLIENT_LATE_FORGET_S:
+            self._overdue.popleft()
+        if self._overdue:  # a request an expired hold waited for, late
+            self.client_lateness_s += (now - self._overdue.popleft()) * self.time_scale
+            return
         if self._hold_started is not None:
             self._hold_owed -= 1
             if self._hold_owed <= 0:
@@ -313,6 +333,7 @@ class SimEngine:
             "simulated_timestamp": self.sim_timestamp(),
             "counters": dict(self.counters),
             "lateness_s": round(self.lateness_s, 6),
+            "client_lateness_s": round(self.client_lateness_s, 6),
             "held_wall_s": round(self._held_total, 6),
             "num_requests_running": self.scheduler.num_running,
             "num_requests_waiting": self.scheduler.num_waiting,

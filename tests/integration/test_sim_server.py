@@ -217,6 +217,41 @@ def test_closed_loop_hold_lasts_only_while_the_client_has_requests_queued() -> N
     assert asyncio.run(clock_advance_after_finish(0)) > 0.0
 
 
+def test_a_closed_loop_client_later_than_the_hold_is_counted_late() -> None:
+    """A hold lasts at most ``HOLD_MAX_S`` of wall time; a next request that comes after it is late by the
+    simulated time since, in ``client_lateness_s`` (a starved client lowers the figure while the engine
+    keeps its schedule). One in time counts nothing, and a debt older than ``CLIENT_LATE_FORGET_S`` is
+    a client that stopped, not a late one."""
+    import asyncio
+
+    from orchestrator.sim import server
+    from orchestrator.sim.model import EngineParams, load_profile
+
+    async def lateness_after(gap_s: float) -> float:
+        engine = server.SimEngine(load_profile(DEFAULT_PROFILE), EngineParams(tp=8), time_scale=50.0)
+        engine.start()
+        try:
+            req = engine.submit(16, 8, temperature=0.0, ignore_eos=True, seed=1, hold_on_finish=True, client_queued=1)
+            done = False
+            while not done:
+                _, done, _ = await req.payload.get()
+            await asyncio.sleep(gap_s)
+            engine.submit(16, 8, temperature=0.0, ignore_eos=True, seed=2)
+            return engine.info()["client_lateness_s"]
+        finally:
+            await engine.stop()
+
+    assert asyncio.run(lateness_after(0.05)) == 0.0
+    late = asyncio.run(lateness_after(server.HOLD_MAX_S + 0.3))
+    assert 0.25 * 50 <= late < 0.3 * 50 + 10, late  # ~0.3 wall s past the hold, at time scale 50
+    forget = server.CLIENT_LATE_FORGET_S
+    server.CLIENT_LATE_FORGET_S = 0.1
+    try:
+        assert asyncio.run(lateness_after(server.HOLD_MAX_S + 0.3)) == 0.0
+    finally:
+        server.CLIENT_LATE_FORGET_S = forget
+
+
 def test_request_errors_are_project_errors() -> None:
     assert issubclass(OpenAIError, OrchestratorError)
 

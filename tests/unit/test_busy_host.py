@@ -66,6 +66,11 @@ def test_a_simulated_engines_lag_is_its_mean_per_step_over_the_run():
     assert sim_lag_share(counters(1.0, 1000), counters(1.0, 1000), 10.0) is None  # no step ran
     assert sim_lag_share(None, counters(1.0, 10), 10.0) is None
     assert sim_lag_share(counters(0, 1), counters(1, 2), None) is None
+    # A closed-loop client's 4 late simulated s over 8 slots of a 10-s run: 5 %, larger than the engine's.
+    late = {"engine": {**counters(1.5, 1100)["engine"], "client_lateness_s": 6.0}}
+    early = {"engine": {**counters(1.0, 1000)["engine"], "client_lateness_s": 2.0}}
+    assert sim_lag_share(early, late, 10.0, 8) == pytest.approx(0.05)
+    assert sim_lag_share(early, late, 10.0) == pytest.approx(0.0005)  # no concurrency: the engine's alone
     chosen = representative_run([{"output_throughput": t, "completed": 8, "failed": 0, "sim_lag_share": lag}
                                  for t, lag in ((5.0, 0.03), (6.0, 0.001), (7.0, None))])
     assert figure_columns(chosen)["sim_lag_share_max"] == 0.03

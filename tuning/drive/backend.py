@@ -155,15 +155,16 @@ class OpenAIBackend:
 
 
 def sim_counters_of(info: Any) -> dict[str, dict[str, float]]:
-    """Engine name -> ``steps``, ``late_steps``, ``lateness_s`` from a ``/sim/info`` answer: an engine's
-    own (named ``engine``) or a router's, which lists its engines (``via_router``)."""
+    """Engine name -> ``steps``, ``late_steps``, ``lateness_s``, ``client_lateness_s`` from a ``/sim/info``
+    answer: an engine's own (named ``engine``) or a router's, which lists its engines (``via_router``)."""
     engines = info.get("engines") if isinstance(info, Mapping) and info.get("via_router") else {"engine": info}
     out = {}
     for name, e in (engines or {}).items():
         if isinstance(e, Mapping):
             c = e.get("counters") or {}
             out[str(name)] = {"steps": float(c.get("steps", 0)), "late_steps": float(c.get("late_steps", 0)),
-                              "lateness_s": float(e.get("lateness_s", 0.0))}
+                              "lateness_s": float(e.get("lateness_s", 0.0)),
+                              "client_lateness_s": float(e.get("client_lateness_s", 0.0))}
     return out
 
 

@@ -61,8 +61,8 @@ class MeasurePlan:
             and the first sampled run pays it again for the sampling kernels (a greedy-only warm-up
             left the first sampled wave's TTFT at 3-4x the next engine start's on the H200).
         sim_remeasure: a simulated run whose engine fell further behind its schedule than
-            :data:`tuning.drive.summary.MAX_LAG_SHARE` of the run (host too busy for the time scale) is
-            run again, up to this many times; the last run stands, its lag recorded either way (a
+            :data:`tuning.drive.summary.MAX_LAG_SHARE` of the run, or whose closed-loop client left its
+            slots empty that long (host too busy for the time scale, :func:`sim_lag_share`), is run again, up to this many times; the last run stands, its lag recorded either way (a
             simulated figure counts only when its engine kept up).
         burn_in_s: with ``burn_in``, its runs are repeated until they have lasted at least this long:
             a fresh engine can keep speeding up for tens of seconds of load, past its first full
@@ -195,18 +195,29 @@ def sim_loop_counters(base_url: str) -> dict[str, dict[str, float]] | None:
 
 
 def sim_lag_share(before: Mapping[str, Mapping[str, float]] | None, after: Mapping[str, Mapping[str, float]] | None,
-                  duration_s: float | None) -> float | None:
-    """How far behind its schedule a simulated engine ran during a measurement: its mean lag per step
-    (:class:`tuning.drive.records.EngineLateness` between two :func:`sim_loop_counters`) over the
-    measurement's simulated duration; ``None`` without both counters, steps or a duration. A lag of L
-    shifts when tokens arrive by about L, so this is the share by which the figure can be off
-    (:data:`tuning.drive.summary.MAX_LAG_SHARE` bounds it)."""
+                  duration_s: float | None, concurrency: int | None = None) -> float | None:
+    """The share by which a simulated measurement's figure can be off because the host was too busy
+    (:data:`tuning.drive.summary.MAX_LAG_SHARE` bounds it); ``None`` without both counters, steps or a
+    duration. The larger of two shares, over the measurement's simulated duration:
+
+    - the engine's: its mean lag per step (:class:`tuning.drive.records.EngineLateness` between two
+      :func:`sim_loop_counters`); a lag of L shifts when tokens arrive by about L;
+    - the closed-loop client's (with ``concurrency``): the simulated seconds its slots stayed empty while
+      its next requests were late (``client_lateness_s``), over the ``concurrency`` slots' time. A starved
+      client lowers the figure as much as a late engine, while the engine keeps its schedule."""
     from tuning.drive.backend import lateness_between
 
     if before is None or after is None or not duration_s or duration_s <= 0:
         return None
     ran = [e for e in lateness_between(before, after) if e.steps > 0]
-    return round(max(max(0.0, e.mean_lag_s) for e in ran) / duration_s, 6) if ran else None
+    if not ran:
+        return None
+    share = max(max(0.0, e.mean_lag_s) for e in ran) / duration_s
+    if concurrency:
+        late = max(a.get("client_lateness_s", 0.0) - before.get(name, {}).get("client_lateness_s", 0.0)
+                   for name, a in after.items())
+        share = max(share, late / (duration_s * concurrency))
+    return round(share, 6)
 
 
 def burn_in_until(steps: Sequence[tuple[Bucket, int, float, bool]], seconds: float, *,
@@ -271,7 +282,7 @@ def measure_buckets(engine: Any, config: EngineConfig, buckets: Sequence[Bucket]
                     run["host_cpu_busy"] = busy_share(host_before, cpu_times())
                     if sim_before is not None:
                         run["sim_lag_share"] = sim_lag_share(sim_before, sim_loop_counters(engine.base_url),
-                                                             run.get("duration_s"))
+                                                             run.get("duration_s"), c)
                         run["sim_remeasured"] = again
                     if not (run.get("sim_lag_share") or 0.0) > MAX_LAG_SHARE:
                         break
