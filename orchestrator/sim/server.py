@@ -147,14 +147,21 @@ class SimEngine:
     # says how many requests it still has queued (``"sim_queued": N``) is held for at most that many:
     # once its queue is empty, finishes are not followed by new requests and must not stop the clock.
     # Holds stop the clock only, never the delivery of tokens. Requests without the field (any
-    # ordinary client) never hold. A hold that runs out leaves its requests overdue: the simulated time
-    # until each arrives is ``client_lateness_s`` (a benchmark measures again when it is a sizeable share).
+    # ordinary client) never hold. The same goes for the start of a run: its first request may say how
+    # many more the client is sending at once (``"sim_burst": N``), and the clock waits for them, so a
+    # client that takes wall milliseconds to send its burst does not start the run below its load.
+    # A hold that runs out leaves its requests overdue: the simulated time until each arrives is
+    # ``client_lateness_s`` (a benchmark measures again when it is a sizeable share).
     def _hold(self, finished: int) -> None:
         if self._client_queued is not None:
             finished = min(finished, self._client_queued)
-        if self.time_scale <= 1.0 or finished <= 0:
+        self._hold_for(finished)
+
+    def _hold_for(self, arrivals: int) -> None:
+        """Stop the clock until ``arrivals`` more requests came (or HOLD_MAX_S of wall time passed)."""
+        if self.time_scale <= 1.0 or arrivals <= 0:
             return
-        self._hold_owed += finished
+        self._hold_owed += arrivals
         if self._hold_started is None:
             self._hold_started = time.monotonic()
             self._resume.clear()
@@ -286,10 +293,12 @@ class SimEngine:
     # ----- requests ----------------------------------------------------------------------------
     def submit(self, prompt_tokens: int, max_tokens: int, *, temperature: float, ignore_eos: bool,
                seed: int | None, hold_on_finish: bool = False, client_queued: int | None = None,
-               prompt_key: str = "") -> SimRequest:
+               client_burst: int | None = None, prompt_key: str = "") -> SimRequest:
         """Admit a request; its output length, acceptance schedule and text (``req.completion``, from
         ``prompt_key``, ``temperature`` and the seed) are drawn now."""
         self._arrived()
+        if client_burst:
+            self._hold_for(client_burst)  # from the first request's arrival: the rest join at its time
         if hold_on_finish:
             self._client_queued = client_queued
         self._request_counter += 1
@@ -454,7 +463,8 @@ def _parse(body: Any, engine: SimEngine, chat: bool) -> dict[str, Any]:
                 seed=_field(body, "seed", (int,), None), stream=bool(_field(body, "stream", (bool,), False)),
                 include_usage=bool(stream_options.get("include_usage", False)),
                 sim_hold=bool(_field(body, "sim_hold", (bool,), False)),
-                sim_queued=_field(body, "sim_queued", (int,), None))
+                sim_queued=_field(body, "sim_queued", (int,), None),
+                sim_burst=_field(body, "sim_burst", (int,), None))
 
 
 # ----- handlers -------------------------------------------------------------------------------
@@ -511,7 +521,8 @@ def build_app(engine: SimEngine) -> web.Application:
         try:
             req = engine.submit(args["prompt_tokens"], args["max_tokens"], temperature=args["temperature"],
                                 ignore_eos=args["ignore_eos"], seed=args["seed"], hold_on_finish=args["sim_hold"],
-                                client_queued=args["sim_queued"], prompt_key=args["prompt_key"])
+                                client_queued=args["sim_queued"], client_burst=args["sim_burst"],
+                                prompt_key=args["prompt_key"])
         except ValueError as exc:
             raise OpenAIError(str(exc), param="max_tokens") from None
         completion = req.completion

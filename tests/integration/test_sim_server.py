@@ -217,6 +217,30 @@ def test_closed_loop_hold_lasts_only_while_the_client_has_requests_queued() -> N
     assert asyncio.run(clock_advance_after_finish(0)) > 0.0
 
 
+def test_a_runs_opening_burst_holds_the_clock_until_it_has_arrived() -> None:
+    """A run's first request says how many more the client sends at once (``sim_burst``): the clock stands
+    still until they came, so they join at the first one's time however long the client took to send
+    them; without the field the clock runs on."""
+    import asyncio
+
+    from orchestrator.sim.model import EngineParams, load_profile
+    from orchestrator.sim.server import SimEngine
+
+    async def clock_advance_before_the_rest(burst: int | None) -> float:
+        engine = SimEngine(load_profile(DEFAULT_PROFILE), EngineParams(tp=8), time_scale=50.0)
+        engine.start()
+        try:
+            first = engine.submit(16, 8, temperature=0.0, ignore_eos=True, seed=1, client_burst=burst)
+            await asyncio.sleep(0.05)  # a client slow to send the rest of its burst
+            rest = [engine.submit(16, 8, temperature=0.0, ignore_eos=True, seed=2 + i) for i in range(2)]
+            return max(r.arrival_time for r in rest) - first.arrival_time
+        finally:
+            await engine.stop()
+
+    assert asyncio.run(clock_advance_before_the_rest(2)) < 0.005 * 50  # not the 0.05 s the client took
+    assert asyncio.run(clock_advance_before_the_rest(None)) >= 0.04 * 50
+
+
 def test_a_closed_loop_client_later_than_the_hold_is_counted_late() -> None:
     """A hold lasts at most ``HOLD_MAX_S`` of wall time; a next request that comes after it is late by the
     simulated time since, in ``client_lateness_s`` (a starved client lowers the figure while the engine

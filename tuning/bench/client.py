@@ -210,15 +210,19 @@ async def _send(
     max_tokens: int,
     clock: SimClock | None = None,
     sim_queued: int | None = None,
+    sim_burst: int | None = None,
 ) -> RequestOutput:
     """Send one streaming request; every failure becomes a :class:`RequestOutput` (cancellation
     propagates: the caller records the partial state). ``sim_queued``: this request is part of a
     closed loop on the simulator with that many requests still queued behind it (the simulator's
-    clock waits for the next one when it finishes; see ``orchestrator/sim/server.py``)."""
+    clock waits for the next one when it finishes; see ``orchestrator/sim/server.py``). ``sim_burst``:
+    the run's first request, with that many more sent at once (the clock waits for them too)."""
     payload = _payload(w, model, state.spec, max_tokens)
     if sim_queued is not None:
         payload["sim_hold"] = True
         payload["sim_queued"] = sim_queued
+    if sim_burst:
+        payload["sim_burst"] = sim_burst
     state.started_at = time.monotonic()
     got_done = False
     try:

@@ -300,7 +300,10 @@ async def _dispatch_all(
             # Closed loop on the simulator: a finish is followed by a new request while any is queued.
             closed_loop = clock is not None and sem is not None and math.isinf(w.request_rate)
             queued = total - hooks.started if closed_loop else None
-            out = await _send(session, url, w, model, state, counter, hooks, timeout, state.spec.output_len, clock, queued)
+            # The first request of the closed loop announces the rest of the opening burst.
+            burst = min(concurrency or total, total) - 1 if closed_loop and hooks.started == 1 else None
+            out = await _send(session, url, w, model, state, counter, hooks, timeout, state.spec.output_len, clock, queued,
+                              burst)
             state.done = True
             outputs[state.index] = out
             # On the token clock (the simulator's stamps, SimClock), like the tokens the windows count:
