@@ -162,8 +162,9 @@ def sim_app_args():
         args = {
             "routing_table": str(table_path),
             "engine": {"health_check_period_s": 2, "health_check_timeout_s": 10, "health_timeout_s": 3,
-                       "num_cpus": 0, "graceful_shutdown_timeout_s": 5, "log_dir": str(log_dir)},
-            "router": {"num_cpus": 0, "graceful_shutdown_timeout_s": 5},
+                       "num_cpus": 0, "graceful_shutdown_timeout_s": 5, "graceful_shutdown_wait_loop_s": 0.5,
+                       "log_dir": str(log_dir)},
+            "router": {"num_cpus": 0, "graceful_shutdown_timeout_s": 5, "graceful_shutdown_wait_loop_s": 0.5},
         }
         for key, value in overrides.items():
             args[key] = {**args[key], **value} if key in ("engine", "router") else value

@@ -144,6 +144,12 @@ class EngineOptions(_Args):
     graceful_shutdown_timeout_s: float = Field(
         default=900.0, ge=0, description="how long a stopping replica may drain in-flight generations"
     )
+    graceful_shutdown_wait_loop_s: float = Field(
+        default=2.0, gt=0,
+        description="how often a stopping replica checks for in-flight requests (Serve's default): it stops "
+                    "at the first check after its last one; shorter stops sooner, longer leaves requests "
+                    "still on their way to it more time to arrive",
+    )
     ready_timeout_s: float = Field(default=1800.0, gt=0)
     health_timeout_s: float = Field(default=5.0, gt=0, description="timeout of one engine /health probe")
     metrics_poll_s: float = Field(default=5.0, gt=0)
@@ -191,6 +197,7 @@ class RouterOptions(_Args):
     num_cpus: float = Field(default=1.0, ge=0)
     max_ongoing_requests: int = Field(default=4096, ge=1)
     graceful_shutdown_timeout_s: float = Field(default=900.0, ge=0)
+    graceful_shutdown_wait_loop_s: float = Field(default=2.0, gt=0, description="as the engine option's")
     status_refresh_s: float = Field(default=1.0, gt=0)
     max_surge_percent: int = Field(default=100, ge=0, le=100, description="new router replicas start before old ones stop")
     engine_transport: Literal["grpc", "object_ref"] = Field(
@@ -515,6 +522,7 @@ def build_app(
             health_check_period_s=opts.health_check_period_s,
             health_check_timeout_s=opts.health_check_timeout_s,
             graceful_shutdown_timeout_s=opts.graceful_shutdown_timeout_s,
+            graceful_shutdown_wait_loop_s=opts.graceful_shutdown_wait_loop_s,
             max_surge_percent=opts.max_surge_percent,
             **scaling.deployment_options(),
         )
@@ -528,6 +536,7 @@ def build_app(
         ray_actor_options={"num_cpus": ropts.num_cpus},
         max_ongoing_requests=ropts.max_ongoing_requests,
         graceful_shutdown_timeout_s=ropts.graceful_shutdown_timeout_s,
+        graceful_shutdown_wait_loop_s=ropts.graceful_shutdown_wait_loop_s,
         max_surge_percent=ropts.max_surge_percent,
     )
     router_version = _digest({"spec": spec.to_dict(), "code": _code_digest(_ROUTER_CODE)})

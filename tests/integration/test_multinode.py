@@ -393,8 +393,8 @@ def served(multinode, tmp_path_factory):
         args = {"routing_table": str(path), "sim_time_scale": time_scale, "scaling": scaling or {},
                 "engine": {"log_dir": str(base / "engine-logs"), "health_check_period_s": 1.0,
                            "health_check_timeout_s": 3.0, "health_timeout_s": 1.0, "metrics_poll_s": 1.0,
-                           "graceful_shutdown_timeout_s": 5.0},
-                "router": {"num_cpus": 0, "status_refresh_s": 0.5}}
+                           "graceful_shutdown_timeout_s": 5.0, "graceful_shutdown_wait_loop_s": 0.5},
+                "router": {"num_cpus": 0, "status_refresh_s": 0.5, "graceful_shutdown_wait_loop_s": 0.5}}
         serve.run(build_app(args), name=APP, route_prefix="/")
 
     try:

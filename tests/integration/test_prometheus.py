@@ -149,8 +149,8 @@ def stack() -> Iterator[dict]:
             "routing_table": str(table_path), "sim_time_scale": 4.0,
             "engine": {"log_dir": str(temp / "engine-logs"), "metrics_poll_s": 1.0, "num_cpus": 0.5,
                        "health_check_period_s": 1.0, "health_check_timeout_s": 3.0, "health_timeout_s": 1.0,
-                       "accept_length_window_s": ACCEPT_WINDOW_S},
-            "router": {"num_cpus": 0.5, "status_refresh_s": 0.5},
+                       "accept_length_window_s": ACCEPT_WINDOW_S, "graceful_shutdown_wait_loop_s": 0.5},
+            "router": {"num_cpus": 0.5, "status_refresh_s": 0.5, "graceful_shutdown_wait_loop_s": 0.5},
         }), name=APP, route_prefix="/")
         discovery = temp / "ray" / "prom_metrics_service_discovery.json"
         _wait("Ray's service-discovery file", discovery.exists, timeout_s=30)

@@ -113,7 +113,11 @@ def test_cli_writes_a_pinned_serve_config_and_refuses_bad_input(tmp_path, capsys
 def test_engine_options_reach_every_engine_replica(tmp_path):
     path = tmp_path / "t.json"
     _commit(path, [SIM])
-    app = build_app({"routing_table": str(path), "engine": {"metrics_poll_s": 2.0, "accept_length_window_s": 20.0}})
+    app = build_app({"routing_table": str(path), "engine": {"metrics_poll_s": 2.0, "accept_length_window_s": 20.0,
+                                                            "graceful_shutdown_wait_loop_s": 0.5},
+                     "router": {"graceful_shutdown_wait_loop_s": 0.25}})
     (node,) = app._bound_deployment.init_args[1].values()
     kwargs = node._bound_deployment.init_kwargs
     assert (kwargs["metrics_poll_s"], kwargs["accept_length_window_s"]) == (2.0, 20.0)
+    assert node._bound_deployment._deployment_config.graceful_shutdown_wait_loop_s == 0.5
+    assert app._bound_deployment._deployment_config.graceful_shutdown_wait_loop_s == 0.25
