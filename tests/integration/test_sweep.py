@@ -383,7 +383,7 @@ def test_a_temperature_sweep_gives_sampled_traffic_its_own_cell(tmp_path):
     space = _space(num_draft_tokens=(4,))
     buckets = make_buckets((1024,), input_len=256, concurrency_levels=(64,), num_prompts=64, temperatures=(0.0, 0.8))
     spec = SweepSpec(sweep_id="temps", run_dir=str(tmp_path / "temps"), space=space, buckets=buckets,
-                     sim_time_scale=8.0, steady_state=None, max_concurrent_trials=2, n_startup_trials=2,
+                     sim_time_scale=4.0, steady_state=None, max_concurrent_trials=2, n_startup_trials=2,
                      ready_timeout_s=60)
     out = run_sweep(spec, num_trials=2, live=False)
     assert out.error is None, out.error

@@ -37,7 +37,7 @@ def _space() -> SearchSpace:
 
 def _spec(tmp_path: Path, **decide: int) -> SweepSpec:
     spec = SweepSpec(sweep_id="decide", run_dir=str(tmp_path / "decide"), space=_space(), buckets=BUCKETS,
-                     sim_time_scale=8.0, steady_state=None, max_concurrent_trials=2, ready_timeout_s=60, repeats=2,
+                     sim_time_scale=4.0, steady_state=None, max_concurrent_trials=2, ready_timeout_s=60, repeats=2,
                      **decide)
     Path(spec.run_dir).mkdir(parents=True)
     return spec
