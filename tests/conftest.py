@@ -22,14 +22,21 @@ def _gpu_skip_reason() -> str | None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """With pytest-xdist workers (``-n``): make Ray's token file before any worker starts a cluster.
+    """With pytest-xdist workers (``-n``): hand out the groups in collection order, and make Ray's token
+    file before any worker starts a cluster.
 
-    A local ``ray.init()`` writes ``~/.ray/auth_token`` when there is none; two workers starting their
-    first clusters at once (a fresh CI machine) would each write their own, and a cluster whose token
-    was overwritten refuses its own workers. ``ray get-auth-token --generate`` is Ray's documented way to
-    make it, and does nothing when it exists."""
+    Order: pytest-xdist hands out the groups with the most tests first by default, which put the long
+    integration files (a few tests of half a minute each) last and left one worker running them alone
+    at the end; :func:`pytest_collection_modifyitems` orders the groups itself.
+
+    Token: a local ``ray.init()`` writes ``~/.ray/auth_token`` when there is none; two workers starting
+    their first clusters at once (a fresh CI machine) would each write their own, and a cluster whose
+    token was overwritten refuses its own workers. ``ray get-auth-token --generate`` is Ray's documented
+    way to make it, and does nothing when it exists."""
     if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
         return  # a worker, or no workers: nothing runs concurrently
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
     if (Path.home() / ".ray" / "auth_token").is_file() or shutil.which("ray") is None:
         return
     subprocess.run(["ray", "get-auth-token", "--generate"], capture_output=True, timeout=120, check=True)
@@ -43,6 +50,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+    # Groups holding a test marked ``slow`` first, then the rest with the most tests first (pytest-xdist's
+    # own order, turned off in pytest_configure): long groups start early and quick ones fill in beside
+    # them, instead of one long group running alone at the end.
+    groups: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        marker = item.get_closest_marker("xdist_group")
+        groups.setdefault(str(marker.args[0] if marker.args else marker.kwargs.get("name")), []).append(item)
+    order = sorted(groups.values(), key=lambda g: (not any(i.get_closest_marker("slow") for i in g), -len(g)))
+    items[:] = [item for group in order for item in group]
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items:
         return

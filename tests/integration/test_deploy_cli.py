@@ -23,8 +23,9 @@ from orchestrator.ports import find_free_port
 from orchestrator.raycluster import auth_env, auth_help, is_this_host
 
 pytest.importorskip("ray")
-# The local deploy's plain ``ray.init()`` connects to the cluster /tmp/ray/ray_current_cluster names: the
-# ``ray start`` clusters here write it; tests/integration/test_multinode.py keeps its ``Cluster``'s elsewhere.
+# The local deploy's plain ``ray.init()`` would join the cluster /tmp/ray/ray_current_cluster names. The
+# ``ray start`` cluster here writes that file under its own ``--temp-dir``, and
+# tests/integration/test_multinode.py keeps its ``Cluster``'s elsewhere, so the tests here can run side by side.
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE = EngineConfig(backend="sim", model="intern-s2-preview-8xh200", tp=8)
@@ -155,6 +156,7 @@ def _run_first_request(curl: str, snippet: str, env: dict[str, str]) -> None:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_local_deploy_stays_up_on_loopback_serves_the_printed_first_request_and_stops_on_ctrl_c(
         tmp_path: Path, write_sim_table, listening):
     table = write_sim_table(tmp_path / "routing.json", [("all", 4096, ENGINE)], sweep_id="deploy-cli")
@@ -250,6 +252,8 @@ def test_deploy_to_a_ray_start_cluster_with_token_auth(tmp_path: Path, write_sim
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.xdist_group("test_deploy_cli-after-a-sweep")  # no cluster shared with the file's others: runs beside them
+@pytest.mark.slow
 def test_the_deploy_line_a_sweep_prints_serves_its_first_request_on_this_machine(tmp_path: Path):
     """A new user's path: ``python -m tuning.sweep``, then the deploy command it printed, then the first
     request deploy printed. On the 2-core CI machine this is the check that simulated engines reserve

@@ -225,6 +225,7 @@ once; at 8 the fastest engine (MTP off, short outputs) fell ~20 % behind its sin
 another test file's load and flipped a bucket's choice. At 4 each needs half the CPU."""
 
 
+@pytest.mark.slow
 def test_tp8_trials_take_one_whole_node_each_and_commit_the_one_node_table(multinode, tmp_path):
     """Three tp=8 trials on three 8-GPU nodes: they run at once, one per node (a trial's 8 GPUs are one
     placement bundle, which Ray never splits across nodes, and a node has room for one); each engine
@@ -434,6 +435,7 @@ SHORTEST = {"le256": 16, "le1024": 257, "le4096": 1025}
 """The fewest output tokens that route to each bucket (the quickest request of that bucket)."""
 
 
+@pytest.mark.slow
 def test_losing_a_node_while_serving(multinode, served):
     """The node holding a bucket's only engine replica is lost with streams in flight: those streams
     end with an error naming the engine (never a silent truncation), requests sent right after the loss
@@ -511,6 +513,7 @@ def test_new_requests_of_a_bucket_emptied_by_a_node_loss_fall_back_at_once(multi
         multinode.cluster.wait_for_nodes()
 
 
+@pytest.mark.slow
 def test_a_load_ramp_scales_one_buckets_engines_out_across_nodes_and_back(multinode, served):
     """Closed-loop clients on one bucket, 2 then 8 at once, then none: that bucket's engine deployment
     (autoscaled, target 1 request in flight per replica) grows onto other nodes and shrinks back to

@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_every_app_is_driven_once_unmeasured_before_the_rounds(tmp_path):
     mix = tmp_path / "mix.yaml"
     mix.write_text("default_temperature: 0.7\nclasses:\n  - {max_tokens: 32, temperature: 0.0, share: 0.5}\n"

@@ -107,6 +107,11 @@ READY_TIMEOUT_S = 15
 than 8 s on a loaded 2-core machine (another test file beside it under pytest-xdist, or other work)."""
 
 
+REQUEST_TIMEOUT_S = 10
+"""The bench's per-request limit, which ends the hung engine's requests: a healthy one's 256-token request
+takes under a second on idle cores, and took more than 4 s with the suite's slowest files beside it."""
+
+
 @pytest.mark.slow  # ~45-70 s on 2 busy cores; in the default run (< 90 s)
 def test_engine_faults_fail_their_trial_free_resources_and_the_sweep_finishes(tmp_path, ray_local):
     """Four faulty engines plus the two baselines: each fault is its own trial's failure, with the
@@ -126,7 +131,7 @@ def test_engine_faults_fail_their_trial_free_resources_and_the_sweep_finishes(tm
     buckets = make_buckets((256,), input_len=256, concurrency_levels=(8,), num_prompts=8)
     spec = SweepSpec(sweep_id="faults", run_dir=str(tmp_path / "faults"), space=space, buckets=buckets,
                      sim_time_scale=4.0, steady_state=None, max_concurrent_trials=2, n_startup_trials=6,
-                     ready_timeout_s=READY_TIMEOUT_S, request_timeout_s=4)
+                     ready_timeout_s=READY_TIMEOUT_S, request_timeout_s=REQUEST_TIMEOUT_S)
     started = time.monotonic()
     out = run_sweep(spec, num_trials=6, live=False)
     wall = time.monotonic() - started

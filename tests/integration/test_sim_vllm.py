@@ -35,6 +35,7 @@ VLLM = get_backend("vllm").metrics
 pytestmark = pytest.mark.timeout(300)
 
 
+@pytest.mark.slow
 def test_a_sweep_over_both_engine_families_commits_a_table_mixing_them(tmp_path):
     point = {"memory_fraction": 0.8, "max_batch_size": 64}
     space = SearchSpace(

@@ -45,6 +45,12 @@ def _spec(tmp_path: Path, space: SearchSpace, bounds=(256,), *, sweep_id: str, p
                      ready_timeout_s=60, **kw)
 
 
+RESUME_AND_LIMITS = pytest.mark.xdist_group("test_sweep-resume-and-limits")
+"""Resume, the time budget and the hard limit: a pytest-xdist group of their own, so with several workers
+they run beside this file's other sweeps (each worker starts the module's Ray cluster once)."""
+
+
+@pytest.mark.slow
 def test_tiny_sweep_picks_per_bucket_best_and_survives_a_crash(tmp_path):
     crash = NamedPoint("fault_test", {"speculative": True, "num_draft_tokens": 6, "memory_fraction": 0.8,
                                       "max_batch_size": 64}, ("--fault", "crash-at-start"))
@@ -138,6 +144,7 @@ def _the_printed_next_commands_work(out, tmp_path: Path) -> None:
     assert study.n_trials >= out.results.trial_id.nunique()
 
 
+@RESUME_AND_LIMITS
 def test_resume_continues_without_rerunning(tmp_path):
     spec = _spec(tmp_path, _space(num_draft_tokens=(1, 2, 3)), sweep_id="resume")
     first = run_sweep(spec, num_trials=2, live=False)
@@ -153,6 +160,8 @@ def test_resume_continues_without_rerunning(tmp_path):
     assert routing.load(Path(spec.run_dir) / "routing_table.json").version == 2
 
 
+@RESUME_AND_LIMITS
+@pytest.mark.slow
 def test_a_trial_that_gets_its_resources_after_the_time_budget_does_not_start_and_resume_runs_it(tmp_path):
     """``--time-budget-s``: no new trial starts after it. Tune creates trials ahead of their resources
     (on the H200 the 0.9-GPU static baseline waited 9 minutes, then started past the budget and was cut
@@ -186,6 +195,7 @@ def test_a_trial_that_gets_its_resources_after_the_time_budget_does_not_start_an
     assert routing.load(Path(spec.run_dir) / "routing_table.json").version == 1
 
 
+@RESUME_AND_LIMITS
 def test_incomplete_sweep_keeps_the_previous_table(tmp_path):
     good = tmp_path / "serving" / "routing_table.json"
     # A valid table from an earlier sweep at the serving path.
@@ -213,6 +223,8 @@ def test_incomplete_sweep_keeps_the_previous_table(tmp_path):
     assert good.read_text() == before
 
 
+@RESUME_AND_LIMITS
+@pytest.mark.slow
 def test_the_hard_limit_ends_the_sweep_with_a_table_from_the_rounds_measured(tmp_path):
     """``--stop-after-s``: a caller with a deadline of its own (a GPU lease) gets a table, not a killed
     sweep. Here every engine has far more rounds to run than the limit leaves: each stops before a round
@@ -313,6 +325,7 @@ def test_a_real_trial_records_the_cpus_it_was_pinned_to_and_the_host_cpu():
     assert set(facts) == {"gpu_type", "lmdeploy_version", "cpu_model", "cpus"}
 
 
+@RESUME_AND_LIMITS
 def test_a_moved_run_dir_resumes_where_it_is_now(tmp_path):
     """A run dir copied off the GPU machine (or moved) resumes in place: with the budget met the
     table is committed there from the saved reports, and nothing is written to the old path."""
@@ -340,6 +353,7 @@ def test_a_moved_run_dir_resumes_where_it_is_now(tmp_path):
     assert not old.exists()
 
 
+@RESUME_AND_LIMITS
 def test_a_resumed_search_generator_asks_the_searcher_again(tmp_path):
     """Tune saves "finished" in its search generator's state once the budget was spent; a resumed sweep
     with a larger budget must ask again. Relies on the key ``SearchGenerator.get_state`` writes: a Ray

@@ -129,6 +129,7 @@ def test_decide_rounds_split_over_fresh_engine_starts(tmp_path):
     assert noise is not None and noise.start_df == 2 * 2  # two configs, three starts each on the sampled cell
 
 
+@pytest.mark.slow
 def test_a_sweep_of_noisy_engines_decides_its_undecided_cells_before_it_commits(tmp_path):
     """End to end: ``run_sweep`` with ``decide_rounds`` on simulated engines that vary as GPU engines do
     (``--noise-start-sd``, ``--noise-sd``). At this noise (many short windows per round, so rounds move
