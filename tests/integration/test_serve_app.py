@@ -189,9 +189,10 @@ def test_bench_through_the_router_reports_simulated_figures_in_simulated_time(cl
     from tuning.bench import benchmark
     from tuning.workload import Workload
 
-    # Requests long enough (~4 s of wall-clock span) that the call's own overhead (its client and
-    # tokenizer set-up, ~1-2 s on a busy host) cannot exceed the span it measures.
-    workload = Workload(input_len=16, output_len=256, range_ratio=1.0, num_prompts=8, max_concurrency=4)
+    # One 1024-token request at a time, so the span it measures (~4 s of wall time) outlasts the call's own
+    # overhead (its client and tokenizer set-up: 0.9 s beside a busy loop, when 256-token requests 4 at a
+    # time spanned 0.8 s).
+    workload = Workload(input_len=16, output_len=1024, range_ratio=1.0, num_prompts=8, max_concurrency=1)
     started = time.monotonic()
     result = benchmark(cluster.base, workload, api_key=API_KEY)
     wall_s = time.monotonic() - started
