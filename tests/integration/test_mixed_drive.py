@@ -16,7 +16,7 @@ pytestmark = pytest.mark.timeout(180)
 MODEL = "intern-s2-preview-8xh200"
 NOSPEC = EngineConfig(backend="sim", model=MODEL, tp=8)
 MTP3 = EngineConfig(backend="sim", model=MODEL, tp=8, speculative_algorithm="qwen3_5_mtp", num_draft_tokens=3)
-TIME_SCALE = 1.0  # 48-token requests long enough to overlap up to the burst's 10 in flight on a busy host
+TIME_SCALE = 0.25  # 48-token requests long enough (~1 s) to overlap up to the burst's 10 in flight on a busy host
 
 PROFILE = LoadProfile.model_validate({"phases": [
     {"seconds": 2.0, "concurrency": 2},
