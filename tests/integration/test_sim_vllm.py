@@ -44,8 +44,8 @@ def test_a_sweep_over_both_engine_families_commits_a_table_mixing_them(tmp_path)
         points=(NamedPoint(ROLE_SEARCH, {"speculative": True, "spec_backend": "vllm", "num_draft_tokens": 3, **point}),
                 NamedPoint(ROLE_SEARCH, {"speculative": False, "backend": "vllm", **point})),
     ).with_baselines()
-    # 2 and 64 in flight: vLLM MTP off leads by ~13 % at 2 and LMDeploy MTP-4 it by ~7 % at 64, margins a busy
-    # host's distortion does not flip (at 8 in flight vLLM led by 5 %, and a run beside a busy loop lost it).
+    # 2 and 64 in flight: vLLM MTP off leads by ~13 % at 2 and LMDeploy MTP-4 it by ~7 % at 64, wider than the
+    # few per cent a busy host moved these figures (at 8 in flight vLLM led by 5 %; beside a busy loop it lost).
     buckets = make_buckets((256,), input_len=256, concurrency_levels=(2, 64), num_prompts=32)
     spec = SweepSpec(sweep_id="mix", run_dir=str(tmp_path / "mix"), space=space, buckets=buckets, sim_time_scale=4.0,
                      steady_state=None, max_concurrent_trials=2, n_startup_trials=4, ready_timeout_s=60)
