@@ -52,6 +52,8 @@ _ADDRESS_IN_USE_MARKERS = ("address already in use", "errno 98", "eaddrinuse")
 _POLL_INTERVAL_S = 0.25
 _MAX_POLL_INTERVAL_S = 2.0
 _GROUP_GONE_AFTER_KILL_S = 15.0
+HEALTH_CHECK_TIMEOUT_S = 5.0
+"""How long :meth:`EngineProcess.check_health` waits for an answer by default."""
 STOP_GRACE_S = 30.0
 """How long :meth:`EngineProcess.stop` waits after SIGTERM before SIGKILL: an engine that answers gets
 time to finish its graceful shutdown."""
@@ -283,7 +285,7 @@ class EngineProcess:
         self._spawn()
         return self._require_started()
 
-    def check_health(self, timeout_s: float = 5.0) -> None:
+    def check_health(self, timeout_s: float = HEALTH_CHECK_TIMEOUT_S) -> None:
         """The backend's health path (``GET /health``; its readiness path when the engine answers 404
         there) within ``timeout_s``.
 

@@ -62,8 +62,9 @@ class MeasurePlan:
             left the first sampled wave's TTFT at 3-4x the next engine start's on the H200).
         sim_remeasure: a simulated run whose engine fell further behind its schedule than
             :data:`tuning.drive.summary.MAX_LAG_SHARE` of the run, or whose closed-loop client left its
-            slots empty that long (host too busy for the time scale, :func:`sim_lag_share`), is run again, up to this many times; the last run stands, its lag recorded either way (a
-            simulated figure counts only when its engine kept up).
+            slots empty that long (host too busy for the time scale, :func:`sim_lag_share`), is run
+            again, up to this many times; the last run stands, its lag recorded either way (a simulated
+            figure counts only when its engine kept up).
         burn_in_s: with ``burn_in``, its runs are repeated until they have lasted at least this long:
             a fresh engine can keep speeding up for tens of seconds of load, past its first full
             wave, and a round 0 still on that slope would be the slow one of every config.
@@ -175,21 +176,17 @@ def measure_steps(buckets: Sequence[Bucket], *, burn_in: bool) -> list[tuple[Buc
     return steps + [(b, c, t, True) for b in buckets for c, t in b.points()]
 
 
-SIM_INFO_TIMEOUT_S = 5.0
-"""As long as a health check waits: a simulated engine that does not answer ``/sim/info`` within it is
-hung, and the health check after the run says so."""
-
-
 def sim_loop_counters(base_url: str) -> dict[str, dict[str, float]] | None:
     """A simulated engine's loop counters so far (``GET /sim/info``, :func:`tuning.drive.backend.sim_counters_of`):
     its steps and the simulated seconds it ran behind its deadlines, summed over them; ``None`` when they
     cannot be read."""
     import httpx
 
+    from orchestrator.engine import HEALTH_CHECK_TIMEOUT_S
     from tuning.drive.backend import sim_counters_of
 
-    try:
-        return sim_counters_of(httpx.get(base_url + "/sim/info", timeout=SIM_INFO_TIMEOUT_S).json()) or None
+    try:  # a health check's wait: an engine that does not answer is hung, and the check after the run says so
+        return sim_counters_of(httpx.get(base_url + "/sim/info", timeout=HEALTH_CHECK_TIMEOUT_S).json()) or None
     except (httpx.HTTPError, ValueError):
         return None
 
