@@ -50,14 +50,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
-    # Groups holding a test marked ``slow`` first, then the rest with the most tests first (pytest-xdist's
-    # own order, turned off in pytest_configure): long groups start early and quick ones fill in beside
-    # them, instead of one long group running alone at the end.
+    # Longest first, as far as collection can tell: groups holding a test marked ``slow``, then the other
+    # integration groups (each starts a cluster or processes), then the unit tests, each kind with the most
+    # tests first (pytest-xdist's own order, turned off in pytest_configure). Long groups start early and
+    # quick ones fill in beside them, instead of one long group running alone at the end.
     groups: dict[str, list[pytest.Item]] = {}
     for item in items:
         marker = item.get_closest_marker("xdist_group")
         groups.setdefault(str(marker.args[0] if marker.args else marker.kwargs.get("name")), []).append(item)
-    order = sorted(groups.values(), key=lambda g: (not any(i.get_closest_marker("slow") for i in g), -len(g)))
+    order = sorted(groups.values(), key=lambda g: (not any(i.get_closest_marker("slow") for i in g),
+                                                   not any("integration" in i.path.parts for i in g), -len(g)))
     items[:] = [item for group in order for item in group]
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items:

@@ -19,16 +19,17 @@ MTP3 = EngineConfig(backend="sim", model=MODEL, tp=8, speculative_algorithm="qwe
 TIME_SCALE = 0.25  # 48-token requests long enough (~1 s) to overlap up to the burst's 10 in flight on a busy host
 
 PROFILE = LoadProfile.model_validate({"phases": [
-    {"seconds": 2.0, "concurrency": 2},
-    {"seconds": 2.0, "ramp_to": 6},
+    {"seconds": 1.0, "concurrency": 2},
+    {"seconds": 1.0, "ramp_to": 6},
     {"seconds": 1.5, "concurrency": 10, "name": "burst"},
-    {"seconds": 2.0, "concurrency": 2}]})
+    {"seconds": 1.0, "concurrency": 2}]})
 MIX = TrafficMix.model_validate({"classes": [
     {"max_tokens": 48, "temperature": 0.0, "share": 1},
     {"max_tokens": 48, "temperature": 0.8, "share": 1},
     {"max_tokens": 200, "temperature": 0.0, "share": 1}]})
 
 
+@pytest.mark.slow  # ~35-55 s on 2 busy cores
 def test_drive_a_served_table_through_ramp_and_burst(tmp_path, serve_app, write_sim_table, sim_app_args):
     # Greedy short requests go to MTP-3, sampled short ones to the cell without speculation, long ones
     # to the long bucket (MTP-3 again): two engines.

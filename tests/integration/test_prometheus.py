@@ -193,6 +193,7 @@ class Load:
             t.join(timeout=60)
 
 
+@pytest.mark.slow  # ~35-45 s with its stack on 2 busy cores
 def test_every_dashboard_query_returns_data_and_the_low_accept_alert_fires(stack):
     url, prom, keys = stack["url"], stack["prom"], stack["keys"]
     mtp_engine = keys["le1024"]

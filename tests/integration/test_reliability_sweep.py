@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -295,10 +296,30 @@ def _sweep_killed_mid_trial(tmp_path: Path, *, with_ray: bool = False
     return run_dir, env, marker, finished_before, before
 
 
+@pytest.fixture(scope="module")
+def killed_sweep(tmp_path_factory):
+    """``restore()``: the run of :func:`_sweep_killed_mid_trial` (the driver alone killed) as the kill left
+    it, at the path it was made (a resume that runs trials again must be where Tune made them). The two
+    tests that resume it differently share one kill: the run dir is put back from a copy for each."""
+    tmp = tmp_path_factory.mktemp("killed-sweep")
+    killed = _sweep_killed_mid_trial(tmp)
+    run_dir = killed[0]
+    pristine = tmp / "pristine"
+    shutil.copytree(run_dir, pristine, symlinks=True)
+
+    def restore() -> tuple[Path, dict[str, str], str, set[str], dict[str, dict]]:
+        shutil.rmtree(run_dir)
+        shutil.copytree(pristine, run_dir, symlinks=True)
+        return killed
+
+    return tmp, restore
+
+
 @pytest.mark.slow  # ~45-70 s on 2 busy cores; in the default run (< 90 s)
 @OWN_CLUSTER
-def test_sigkilled_sweep_resumes_without_losing_or_rerunning_trials(tmp_path):
-    run_dir, env, marker, finished_before, before = _sweep_killed_mid_trial(tmp_path)
+def test_sigkilled_sweep_resumes_without_losing_or_rerunning_trials(killed_sweep):
+    tmp_path, restore = killed_sweep
+    run_dir, env, marker, finished_before, before = restore()
     # Without the live display the killed run's output still says how far it got: a line per trial
     # started and one per trial finished, with its figures.
     printed = (tmp_path / "first.log").read_text()
@@ -358,11 +379,11 @@ def test_a_trial_cut_with_its_ray_cluster_is_measured_when_resumed(tmp_path):
 
 @pytest.mark.slow  # ~45-70 s on 2 busy cores; in the default run (< 90 s)
 @OWN_CLUSTER
-def test_a_resume_whose_budget_the_reported_trials_meet_ends_without_starting_an_engine(tmp_path):
+def test_a_resume_whose_budget_the_reported_trials_meet_ends_without_starting_an_engine(killed_sweep):
     """Lowering --num-trials to what was reported finishes the sweep now: the trial the kill cut
     short is not restarted (on a GPU it would pay a 1-3 minute engine start), the reported trials'
     rows stand, and the table is committed from them."""
-    run_dir, env, marker, _, before = _sweep_killed_mid_trial(tmp_path)
+    run_dir, env, marker, _, before = killed_sweep[1]()
     logs_before = set((run_dir / "engine-logs").rglob("*.log"))
     reported = _reported(run_dir)
 
