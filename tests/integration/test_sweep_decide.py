@@ -18,7 +18,10 @@ from tuning.sweep.records import ResultRow
 from tuning.sweep.space import ROLE_MTP_OFF, ROLE_STATIC, SearchSpace
 
 PROFILE = "intern-s2-preview-8xh200"
-BUCKETS = make_buckets((1024,), input_len=256, concurrency_levels=(64,), num_prompts=64, temperatures=(0.0, 0.8))
+BUCKETS = make_buckets((512,), input_len=128, concurrency_levels=(16,), num_prompts=16, temperatures=(0.0, 0.8))
+"""The decide tests' cell: what they check is which rows the decide phase adds, not the figures, so a light one
+(at 64 in flight and 1024 tokens, the clients' 25k chunks a second fell behind beside other test files and each
+round was measured again, up to 80 s a test)."""
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -37,7 +40,7 @@ def _space() -> SearchSpace:
 
 def _spec(tmp_path: Path, **decide: int) -> SweepSpec:
     spec = SweepSpec(sweep_id="decide", run_dir=str(tmp_path / "decide"), space=_space(), buckets=BUCKETS,
-                     sim_time_scale=4.0, steady_state=None, max_concurrent_trials=2, ready_timeout_s=60, repeats=2,
+                     sim_time_scale=2.0, steady_state=None, max_concurrent_trials=2, ready_timeout_s=60, repeats=2,
                      **decide)
     Path(spec.run_dir).mkdir(parents=True)
     return spec
@@ -53,7 +56,7 @@ def _first_rows(space: SearchSpace) -> tuple[list[ResultRow], dict[str, EngineCo
     for point in space.points:
         cfg = space.config_from_trial_config(point.params)
         configs[point.role] = cfg
-        meas = {BUCKETS[0].measurement_key(64, t): bench_result(v) for t, v in figures[point.role].items()}
+        meas = {BUCKETS[0].measurement_key(16, t): bench_result(v) for t, v in figures[point.role].items()}
         rows += [ResultRow.from_mapping(r) for r in rows_for_trial(
             sweep_id="decide", trial_id=point.role, role=point.role, config=cfg, buckets=BUCKETS, measurements=meas)]
     return rows, configs
@@ -68,12 +71,12 @@ def test_an_undecided_cell_is_measured_again_and_pooled(tmp_path):
 
     all_rows, df, note = _decide(spec, rows, results_frame(rows))
 
-    assert note is not None and note.startswith("decide: 1 cell comparison(s) within noise (le1024 sampled@64)")
+    assert note is not None and note.startswith("decide: 1 cell comparison(s) within noise (le512 sampled@16)")
     added = all_rows[len(rows):]
     assert len(added) == 2 and {r.role for r in added} == {"decide"}
     assert {r.engine_key for r in added} == {c.key() for c in configs.values()}
     for r in added:  # the undecided cell only, R rounds each, on a real (simulated) engine
-        assert (r.bucket, r.temperature, r.concurrency, r.status, r.primary_load) == ("le1024", 0.8, 64, "ok", False)
+        assert (r.bucket, r.temperature, r.concurrency, r.status, r.primary_load) == ("le512", 0.8, 16, "ok", False)
         assert len(r.output_throughput_repeats.split(";")) == 2
     assert (Path(spec.run_dir) / "decide" / "trial-results").is_dir()
     # The sampled cell now has the first rounds and the new ones of each config, pooled.
@@ -87,7 +90,7 @@ def test_an_undecided_cell_is_measured_again_and_pooled(tmp_path):
     decided = {ROLE_MTP_OFF: {0.0: [1000, 1010], 0.8: [1600, 1610]}, ROLE_STATIC: {0.0: [1500, 1510], 0.8: [1000, 1010]}}
     clear = [ResultRow.from_mapping(r) for role, cfg in configs.items() for r in rows_for_trial(
         sweep_id="decide", trial_id=role, role=role, config=cfg, buckets=BUCKETS,
-        measurements={BUCKETS[0].measurement_key(64, t): bench_result(v) for t, v in decided[role].items()})]
+        measurements={BUCKETS[0].measurement_key(16, t): bench_result(v) for t, v in decided[role].items()})]
     again, _, again_note = _decide(spec, clear, results_frame(clear))
     assert again_note is None and again == clear
 
@@ -103,13 +106,13 @@ def test_decide_rounds_split_over_fresh_engine_starts(tmp_path):
 
     all_rows, _, note = _decide(spec, rows, results_frame(rows))
 
-    assert note is not None and note.startswith("decide: 1 cell comparison(s) within noise (le1024 sampled@64)")
+    assert note is not None and note.startswith("decide: 1 cell comparison(s) within noise (le512 sampled@16)")
     assert "on 2 fresh engines each, 1 round per cell on each" in note and "(4 rows)" in note
     added = all_rows[len(rows):]
     assert len(added) == 4 and {r.role for r in added} == {"decide"}  # 2 configs x 2 starts
     by_key: dict[str, set[str]] = {}
     for r in added:
-        assert (r.bucket, r.temperature, r.concurrency, r.status, r.primary_load) == ("le1024", 0.8, 64, "ok", False)
+        assert (r.bucket, r.temperature, r.concurrency, r.status, r.primary_load) == ("le512", 0.8, 16, "ok", False)
         assert not r.output_throughput_repeats  # one round: no list of repeats, the row's one figure
         assert len(repeat_throughputs(r.to_dict())) == 1
         by_key.setdefault(r.engine_key, set()).add(r.trial_id)
