@@ -55,7 +55,9 @@ def test_a_simulated_engine_is_measured_twice_per_bucket(tmp_path):
         assert r["output_throughput"] == pytest.approx(min(runs), abs=0.1)
         assert r["output_throughput_spread"] is not None and r["output_throughput_spread"] >= 0
         assert 0 <= r["host_cpu_busy_max"] <= 1  # this host's CPU load while it ran, read each round
-        assert 0 <= r["sim_lag_share_max"] < 1  # how far behind its schedule the engine ran, read each round
+        # How far behind its schedule the engine ran, read each round: a share of the run's simulated duration,
+        # past 1 where the host stalled the engine longer than the run lasted (1.21 beside a busy loop here).
+        assert r["sim_lag_share_max"] >= 0
 
 
 def test_repeats_flag_reaches_the_trials_and_old_runs_still_load(tmp_path):
