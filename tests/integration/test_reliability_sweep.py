@@ -383,7 +383,8 @@ def test_a_resume_whose_budget_the_reported_trials_meet_ends_without_starting_an
     """Lowering --num-trials to what was reported finishes the sweep now: the trial the kill cut
     short is not restarted (on a GPU it would pay a 1-3 minute engine start), the reported trials'
     rows stand, and the table is committed from them."""
-    run_dir, env, marker, _, before = killed_sweep[1]()
+    _, restore = killed_sweep
+    run_dir, env, marker, _, before = restore()
     logs_before = set((run_dir / "engine-logs").rglob("*.log"))
     reported = _reported(run_dir)
 
