@@ -315,7 +315,7 @@ def killed_sweep(tmp_path_factory):
     return tmp, restore
 
 
-@pytest.mark.slow  # ~45-70 s on 2 busy cores; in the default run (< 90 s)
+@pytest.mark.slow  # ~30-45 s on 2 busy cores with the killed sweep it sets up; in the default run (< 90 s)
 @OWN_CLUSTER
 def test_sigkilled_sweep_resumes_without_losing_or_rerunning_trials(killed_sweep):
     tmp_path, restore = killed_sweep
@@ -377,7 +377,7 @@ def test_a_trial_cut_with_its_ray_cluster_is_measured_when_resumed(tmp_path):
     assert routing.load(run_dir / "routing_table.json").provenance.sweep_id == "killed"
 
 
-@pytest.mark.slow  # ~45-70 s on 2 busy cores; in the default run (< 90 s)
+@pytest.mark.slow  # ~10-40 s on 2 busy cores, and the killed sweep's ~15-25 s when run alone; in the default run
 @OWN_CLUSTER
 def test_a_resume_whose_budget_the_reported_trials_meet_ends_without_starting_an_engine(killed_sweep):
     """Lowering --num-trials to what was reported finishes the sweep now: the trial the kill cut

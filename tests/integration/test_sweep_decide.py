@@ -46,6 +46,12 @@ def _spec(tmp_path: Path, **decide: int) -> SweepSpec:
     return spec
 
 
+def _measured(by_temperature: dict[float, list[float]]) -> dict:
+    """The bench results of the decide tests' cell at its load: one per temperature, of these rounds."""
+    cell = BUCKETS[0]
+    return {cell.measurement_key(cell.primary_concurrency, t): bench_result(v) for t, v in by_temperature.items()}
+
+
 def _first_rows(space: SearchSpace) -> tuple[list[ResultRow], dict[str, EngineConfig]]:
     """First measurements (as a sweep's trials report them): MTP-4 clearly ahead greedy, MTP off ~5 % ahead
     sampled at ~10 % noise per round: not shown, so the sampled cell stays on MTP-4."""
@@ -56,9 +62,9 @@ def _first_rows(space: SearchSpace) -> tuple[list[ResultRow], dict[str, EngineCo
     for point in space.points:
         cfg = space.config_from_trial_config(point.params)
         configs[point.role] = cfg
-        meas = {BUCKETS[0].measurement_key(16, t): bench_result(v) for t, v in figures[point.role].items()}
         rows += [ResultRow.from_mapping(r) for r in rows_for_trial(
-            sweep_id="decide", trial_id=point.role, role=point.role, config=cfg, buckets=BUCKETS, measurements=meas)]
+            sweep_id="decide", trial_id=point.role, role=point.role, config=cfg, buckets=BUCKETS,
+            measurements=_measured(figures[point.role]))]
     return rows, configs
 
 
@@ -90,7 +96,7 @@ def test_an_undecided_cell_is_measured_again_and_pooled(tmp_path):
     decided = {ROLE_MTP_OFF: {0.0: [1000, 1010], 0.8: [1600, 1610]}, ROLE_STATIC: {0.0: [1500, 1510], 0.8: [1000, 1010]}}
     clear = [ResultRow.from_mapping(r) for role, cfg in configs.items() for r in rows_for_trial(
         sweep_id="decide", trial_id=role, role=role, config=cfg, buckets=BUCKETS,
-        measurements={BUCKETS[0].measurement_key(16, t): bench_result(v) for t, v in decided[role].items()})]
+        measurements=_measured(decided[role]))]
     again, _, again_note = _decide(spec, clear, results_frame(clear))
     assert again_note is None and again == clear
 
